@@ -1,0 +1,80 @@
+"""Per-connection correlation table: correlation id -> what was asked.
+
+Kafka answers the requests of one connection in order, each response carrying the
+request's correlation id; the response alone does not say which API it answers, so the
+proxy must remember. Produce with ``acks=0`` gets no response and is never entered.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from protocol.errors import CorrelationError
+
+
+class InFlight:
+    """One request seen on a connection. ``annotation`` is free for the I/O layer (for
+    instance the time the request was forwarded); the protocol layer never reads it."""
+
+    __slots__ = (
+        "annotation",
+        "api_key",
+        "api_version",
+        "client_id",
+        "correlation_id",
+        "expects_response",
+        "request_size",
+        "response_size",
+    )
+
+    def __init__(
+        self,
+        api_key: int,
+        api_version: int,
+        correlation_id: int,
+        client_id: str | None,
+        request_size: int,
+        expects_response: bool,
+    ) -> None:
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+        self.client_id = client_id
+        self.request_size = request_size
+        self.expects_response = expects_response
+        self.response_size = 0
+        self.annotation: Any = None
+
+    def __repr__(self) -> str:
+        return (
+            f"InFlight(api_key={self.api_key}, api_version={self.api_version}, "
+            f"correlation_id={self.correlation_id}, client_id={self.client_id!r})"
+        )
+
+
+class CorrelationTable:
+    __slots__ = ("_by_id",)
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, InFlight] = {}
+
+    def add(self, entry: InFlight) -> None:
+        if entry.correlation_id in self._by_id:
+            raise CorrelationError(
+                f"correlation id {entry.correlation_id} is already in flight on this connection"
+            )
+        self._by_id[entry.correlation_id] = entry
+
+    def pop(self, correlation_id: int) -> InFlight:
+        try:
+            return self._by_id.pop(correlation_id)
+        except KeyError:
+            raise CorrelationError(
+                f"response with correlation id {correlation_id} matches no request in flight"
+            ) from None
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __contains__(self, correlation_id: int) -> bool:
+        return correlation_id in self._by_id

@@ -1,0 +1,243 @@
+"""Rewriting of the responses that carry broker addresses (and of ApiVersions).
+
+Clients must never learn an upstream broker's address. Every response that carries one is
+rewritten so that each broker (node id) appears at the proxy's own address for it; the
+``AddressMap`` the proxy supplies decides that address (and may open a listener for a broker
+it has not seen before). Everything else in the response is preserved.
+
+- Metadata, FindCoordinator (single and batched forms) and DescribeCluster are decoded and
+  encoded with kio.
+- Produce (v10+) and Fetch (v16+) responses are skimmed (``skim.py``): only when their top-level
+  tagged fields carry ``node_endpoints`` is that one field decoded with kio, rewritten and
+  spliced back; the record batches are never decoded.
+- ShareFetch/ShareAcknowledge (KIP-932) are decoded with kio (rare, small).
+- ApiVersions: only the leading ``api_keys`` array is edited (versions capped, unknown APIs
+  hidden; see ``apis.offered_range``). Its layout is the same in every version, so the edit
+  also works for ApiVersions versions kio does not know and preserves any tagged fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from collections.abc import Callable
+from functools import cache
+from typing import Any, Protocol
+
+from kio.index import load_entity_module, load_response_schema
+from kio.schema.index import api_key_map
+from kio.serial import entity_reader, entity_writer
+from kio.static.constants import EntityType
+
+from protocol import apis
+from protocol.apis import ApiKey
+from protocol.correlation import InFlight
+from protocol.errors import MalformedFrame
+from protocol.headers import parse_response_header
+from protocol.primitives import (
+    INT16,
+    INT32,
+    encode_tagged_fields,
+    read_tagged_fields,
+    read_uvarint,
+    skip_tagged_fields,
+    write_uvarint,
+)
+from protocol.skim import fetch_response_layout, produce_response_layout
+
+
+class AddressMap(Protocol):
+    def advertise(self, node_id: int, host: str, port: int, rack: str | None) -> tuple[str, int]:
+        """Return the (host, port) clients must use for this upstream broker."""
+        ...
+
+
+class UndecodableResponse(MalformedFrame):
+    reason = "undecodable_response"
+
+
+@cache
+def _response_class(api_key: int, version: int) -> Any:
+    return load_response_schema(api_key, version)
+
+
+@cache
+def _nested_class(api_key: int, version: int, name: str) -> Any:
+    module = load_entity_module(api_key_map[api_key], version, EntityType.response)
+    return getattr(module, name)
+
+
+def decode_response(api_key: int, version: int, body: bytes | memoryview) -> Any:
+    cls = _response_class(api_key, version)
+    try:
+        value, size = entity_reader(cls)(body, 0)
+    except Exception as exc:  # kio raises KeyError, ValueError, DecodeError, ...
+        raise UndecodableResponse(
+            f"{apis.api_name(api_key)} v{version} response does not decode: {exc!r}"
+        ) from None
+    if size != len(body):
+        raise UndecodableResponse(
+            f"{apis.api_name(api_key)} v{version} response has {len(body) - size} trailing bytes"
+        )
+    return value
+
+
+def encode_entity(value: Any) -> bytes:
+    buf = io.BytesIO()
+    entity_writer(type(value))(buf, value)
+    return buf.getvalue()
+
+
+def _with_address(entity: Any, addresses: AddressMap, id_field: str = "node_id") -> Any:
+    node_id = getattr(entity, id_field)
+    if node_id < 0:
+        return entity  # e.g. FindCoordinator error: node_id -1, host ""
+    rack = getattr(entity, "rack", None)
+    host, port = addresses.advertise(node_id, entity.host, entity.port, rack)
+    if host == entity.host and port == entity.port:
+        return entity
+    return dataclasses.replace(entity, host=host, port=type(entity.port)(port))
+
+
+def _rewrite_list(value: Any, field: str, addresses: AddressMap) -> Any:
+    items = getattr(value, field)
+    new = tuple(_with_address(item, addresses) for item in items)
+    if all(a is b for a, b in zip(new, items, strict=True)):
+        return value
+    return dataclasses.replace(value, **{field: new})
+
+
+def _rewrite_metadata(value: Any, addresses: AddressMap) -> Any:
+    return _rewrite_list(value, "brokers", addresses)
+
+
+def _rewrite_find_coordinator(value: Any, addresses: AddressMap) -> Any:
+    if hasattr(value, "coordinators"):  # v4+: batched form
+        return _rewrite_list(value, "coordinators", addresses)
+    if value.error_code != 0:
+        return value
+    return _with_address(value, addresses)
+
+
+def _rewrite_node_endpoints(value: Any, addresses: AddressMap) -> Any:
+    return _rewrite_list(value, "node_endpoints", addresses)
+
+
+_DECODED: dict[int, Callable[[Any, AddressMap], Any]] = {
+    ApiKey.METADATA: _rewrite_metadata,
+    ApiKey.DESCRIBE_CLUSTER: _rewrite_metadata,
+    ApiKey.FIND_COORDINATOR: _rewrite_find_coordinator,
+    ApiKey.SHARE_FETCH: _rewrite_node_endpoints,
+    ApiKey.SHARE_ACKNOWLEDGE: _rewrite_node_endpoints,
+}
+
+_NODE_ENDPOINTS_TAG = 0
+
+
+def rewrite_node_endpoints_tag(
+    api_key: int, version: int, body: bytes, tags_offset: int, addresses: AddressMap
+) -> bytes | None:
+    """Rewrite the KIP-951 ``node_endpoints`` tagged field of a Produce/Fetch response body."""
+    fields, end = read_tagged_fields(body, tags_offset)
+    if not fields:
+        return None
+    node_cls = _nested_class(api_key, version, "NodeEndpoint")
+    read_node = entity_reader(node_cls)
+    write_node = entity_writer(node_cls)
+    new_fields: list[tuple[int, bytes]] = []
+    changed = False
+    for tag, start, stop in fields:
+        payload = body[start:stop]
+        if tag == _NODE_ENDPOINTS_TAG:
+            count, pos = read_uvarint(payload, 0)
+            out = io.BytesIO()
+            out.write(write_uvarint(count))
+            for _ in range(max(count - 1, 0)):
+                node, size = read_node(payload, pos)
+                pos += size
+                new = _with_address(node, addresses)
+                changed = changed or new is not node
+                write_node(out, new)
+            payload = out.getvalue()
+        new_fields.append((tag, payload))
+    if not changed:
+        return None
+    return body[:tags_offset] + encode_tagged_fields(new_fields) + body[end:]
+
+
+def cap_api_versions(body: bytes, version: int) -> bytes:
+    """Edit an ApiVersions response body's ``api_keys`` array (see module docstring)."""
+    flexible = version >= 3
+    pos = 2  # error_code
+    if flexible:
+        count, pos = read_uvarint(body, pos)
+        count -= 1
+    else:
+        count = INT32.unpack_from(body, pos)[0]
+        pos += 4
+    kept: list[bytes] = []
+    for _ in range(max(count, 0)):
+        start = pos
+        api_key = INT16.unpack_from(body, pos)[0]
+        lo = INT16.unpack_from(body, pos + 2)[0]
+        hi = INT16.unpack_from(body, pos + 4)[0]
+        pos += 6
+        tag_start = pos
+        if flexible:
+            pos = skip_tagged_fields(body, pos)
+        offered = apis.offered_range(api_key, lo, hi)
+        if offered is None:
+            continue
+        if offered == (lo, hi):
+            kept.append(body[start:pos])
+        else:
+            kept.append(
+                INT16.pack(api_key) + INT16.pack(offered[0]) + INT16.pack(offered[1])
+                + body[tag_start:pos]
+            )
+    if pos > len(body):
+        raise IndexError("api versions response truncated")
+    length = write_uvarint(len(kept) + 1) if flexible else INT32.pack(len(kept))
+    return body[:2] + length + b"".join(kept) + body[pos:]
+
+
+class ResponseRewriter:
+    """The ``Rewriter`` the response stream calls for each address-bearing response frame."""
+
+    def __init__(self, addresses: AddressMap) -> None:
+        self.addresses = addresses
+
+    def __call__(self, entry: InFlight, frame: bytes) -> bytes | None:
+        api_key = entry.api_key
+        version = entry.api_version
+        header = parse_response_header(
+            frame, 0, len(frame), apis.response_header_version(api_key, version)
+        )
+        head, body = frame[: header.size], frame[header.size :]
+        try:
+            if api_key == ApiKey.API_VERSIONS:
+                # A broker that does not support the requested version answers with v0.
+                error_code = INT16.unpack_from(body, 0)[0]
+                new_body = cap_api_versions(body, 0 if error_code == 35 else version)
+            elif api_key == ApiKey.PRODUCE or api_key == ApiKey.FETCH:
+                skim = produce_response_layout if api_key == ApiKey.PRODUCE else fetch_response_layout
+                layout = skim(body, 0, version)
+                rewritten = rewrite_node_endpoints_tag(
+                    api_key, version, body, layout.tags_offset, self.addresses
+                )
+                if rewritten is None:
+                    return None
+                new_body = rewritten
+            else:
+                value = decode_response(api_key, version, body)
+                new_value = _DECODED[api_key](value, self.addresses)
+                if new_value is value:
+                    return None
+                new_body = encode_entity(new_value)
+        except UndecodableResponse:
+            raise
+        except (IndexError, ValueError, KeyError) as exc:
+            raise UndecodableResponse(
+                f"{apis.api_name(api_key)} v{version} response does not parse: {exc!r}"
+            ) from None
+        return head + new_body

@@ -1,0 +1,249 @@
+"""Framing of the two directions of one proxied connection, cut-through.
+
+Kafka frames are a 4-byte big-endian size followed by that many bytes. The proxy does not
+wait for whole frames it does not need to change: once a frame's size and header are read
+and accepted, the rest of the frame is forwarded as it arrives, as the same bytes. Only
+responses that must be rewritten (see ``apis.ADDRESS_BEARING``) are held until complete and
+handed to the rewriter.
+
+Sizes are checked before any buffering: a negative size or one above ``max_frame_bytes``
+raises at once, so a hostile size never causes an allocation.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+
+from protocol import apis
+from protocol.correlation import CorrelationTable, InFlight
+from protocol.errors import (
+    FrameTooLarge,
+    MalformedFrame,
+    NegativeFrameSize,
+    UnknownApiKey,
+    UnsupportedVersion,
+)
+from protocol.headers import parse_request_header, produce_acks
+from protocol.primitives import INT32
+
+DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes
+
+_PRODUCE = int(apis.ApiKey.PRODUCE)
+
+Buffer = bytes | memoryview
+
+
+def _check_size(size: int, max_frame_bytes: int) -> None:
+    if size < 0:
+        raise NegativeFrameSize(f"frame size {size} is negative")
+    if size > max_frame_bytes:
+        raise FrameTooLarge(f"frame size {size} exceeds the maximum of {max_frame_bytes} bytes")
+
+
+class RequestStream:
+    """Client -> broker. ``feed`` returns the bytes to forward now and the requests whose
+    headers were read; requests that expect a response are entered in the correlation table.
+    """
+
+    __slots__ = ("_max", "_pending", "_remaining", "_table")
+
+    def __init__(
+        self, table: CorrelationTable, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    ) -> None:
+        self._table = table
+        self._max = max_frame_bytes
+        self._remaining = 0  # bytes of the current frame still to pass through
+        self._pending = b""  # start of a frame whose header is not complete yet
+
+    @property
+    def buffered(self) -> int:
+        return len(self._pending)
+
+    def feed(self, data: bytes) -> tuple[Buffer, list[InFlight]]:
+        events: list[InFlight] = []
+        if self._pending:
+            data = self._pending + data
+            self._pending = b""
+        n = len(data)
+        rem = self._remaining
+        if rem >= n:
+            self._remaining = rem - n
+            return data, events
+        pos = rem
+        self._remaining = 0
+        table = self._table
+        max_frame = self._max
+        while pos < n:
+            if n - pos < 4:
+                self._pending = data[pos:]
+                break
+            size = INT32.unpack_from(data, pos)[0]
+            _check_size(size, max_frame)
+            end = pos + 4 + size
+            limit = end if end < n else n
+            try:
+                header = parse_request_header(data, pos + 4, limit)
+                api_key = header.api_key
+                if not apis.is_known(api_key):
+                    raise UnknownApiKey(f"unknown api key {api_key}")
+                if not apis.accepts_request_version(api_key, header.api_version):
+                    raise UnsupportedVersion(
+                        f"{apis.api_name(api_key)} v{header.api_version} is not offered by the proxy"
+                    )
+                expects_response = True
+                if api_key == _PRODUCE:
+                    acks = produce_acks(data, pos + 4 + header.size, limit, header.api_version)
+                    expects_response = acks != 0
+            except (IndexError, ValueError, struct.error) as exc:
+                if end <= n:
+                    raise MalformedFrame(f"request header does not parse: {exc}") from None
+                if n - pos > 4096 + 64:
+                    raise MalformedFrame("request header longer than 4 KiB") from None
+                self._pending = data[pos:]
+                break
+            entry = InFlight(
+                api_key,
+                header.api_version,
+                header.correlation_id,
+                header.client_id,
+                size + 4,
+                expects_response,
+            )
+            if expects_response:
+                table.add(entry)
+            events.append(entry)
+            if end > n:
+                self._remaining = end - n
+                pos = n
+                break
+            pos = end
+        if pos == n:
+            return data, events
+        return memoryview(data)[:pos], events
+
+
+Rewriter = Callable[[InFlight, bytes], bytes | None]
+
+
+class ResponseStream:
+    """Broker -> client. ``feed`` returns the byte segments to write to the client, in order,
+    and the requests whose responses have completed (with ``response_size`` set).
+
+    ``rewriter(entry, frame)`` gets a whole response frame without its size prefix and
+    returns the new frame (without size prefix), or ``None`` to forward it unchanged.
+    """
+
+    __slots__ = (
+        "_collect",
+        "_collect_entry",
+        "_collect_need",
+        "_current",
+        "_max",
+        "_pending",
+        "_remaining",
+        "_rewriter",
+        "_table",
+    )
+
+    def __init__(
+        self,
+        table: CorrelationTable,
+        rewriter: Rewriter,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ) -> None:
+        self._table = table
+        self._rewriter = rewriter
+        self._max = max_frame_bytes
+        self._remaining = 0
+        self._current: InFlight | None = None  # pass-through frame in progress
+        self._pending = b""
+        self._collect: list[Buffer] = []
+        self._collect_need = 0
+        self._collect_entry: InFlight | None = None
+
+    @property
+    def buffered(self) -> int:
+        return len(self._pending) + sum(len(c) for c in self._collect)
+
+    def feed(self, data: bytes) -> tuple[list[Buffer], list[InFlight]]:
+        out: list[Buffer] = []
+        done: list[InFlight] = []
+        if self._pending:
+            data = self._pending + data
+            self._pending = b""
+        n = len(data)
+        pos = 0
+        run_start = 0  # start of the current run of pass-through bytes
+        mv = memoryview(data)
+        if self._collect_need:
+            # Continue a frame being collected for rewriting.
+            take = min(self._collect_need, n)
+            self._collect.append(mv[:take])
+            self._collect_need -= take
+            if self._collect_need:
+                return out, done
+            entry = self._collect_entry
+            assert entry is not None
+            frame = b"".join(self._collect)
+            self._collect = []
+            self._collect_entry = None
+            out.append(self._rewrite(entry, frame))
+            done.append(entry)
+            pos = run_start = take
+        elif self._remaining:
+            # Continue a pass-through frame.
+            rem = self._remaining
+            if rem > n:
+                self._remaining = rem - n
+                out.append(data)
+                return out, done
+            self._remaining = 0
+            current = self._current
+            assert current is not None
+            done.append(current)
+            self._current = None
+            pos = rem
+        table = self._table
+        max_frame = self._max
+        while pos < n:
+            if n - pos < 8:
+                self._pending = bytes(mv[pos:])
+                break
+            size = INT32.unpack_from(data, pos)[0]
+            _check_size(size, max_frame)
+            if size < 4:
+                raise MalformedFrame(f"response frame of {size} bytes has no correlation id")
+            entry = table.pop(INT32.unpack_from(data, pos + 4)[0])
+            entry.response_size = size + 4
+            end = pos + 4 + size
+            if apis.needs_response_rewrite(entry.api_key, entry.api_version):
+                if pos > run_start:
+                    out.append(mv[run_start:pos])
+                if end <= n:
+                    out.append(self._rewrite(entry, mv[pos + 4 : end]))
+                    done.append(entry)
+                    pos = run_start = end
+                    continue
+                self._collect = [mv[pos + 4 :]]
+                self._collect_need = end - n
+                self._collect_entry = entry
+                pos = run_start = n
+                break
+            if end > n:
+                self._remaining = end - n
+                self._current = entry
+                pos = n
+                break
+            done.append(entry)
+            pos = end
+        if pos > run_start:
+            out.append(data if run_start == 0 and pos == n else mv[run_start:pos])
+        return out, done
+
+    def _rewrite(self, entry: InFlight, frame: Buffer) -> bytes:
+        raw = bytes(frame)
+        new = self._rewriter(entry, raw)
+        if new is None:
+            new = raw
+        return INT32.pack(len(new)) + new

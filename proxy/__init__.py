@@ -1,0 +1,8 @@
+"""kafka-quota-proxy: the asyncio layer (listeners, connections, config, metrics, CLI)."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("kafka-quota-proxy")
+except PackageNotFoundError:  # running from a source tree without installation
+    __version__ = "0.0.0+unknown"

@@ -1,0 +1,83 @@
+"""The proxy's own view of the cluster: it asks a broker for ApiVersions and Metadata (no
+topics) to learn every broker before any client does, and refreshes that list periodically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import io
+from typing import Any
+
+from kio.index import load_request_schema
+from kio.serial import entity_writer
+
+from protocol import apis
+from protocol.apis import ApiKey
+from protocol.headers import encode_request_header, parse_response_header
+from protocol.primitives import INT16, INT32
+from protocol.rewrite import decode_response
+
+CLIENT_ID = "kafka-quota-proxy"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BrokerInfo:
+    node_id: int
+    host: str
+    port: int
+    rack: str | None
+
+
+def _encode_request(api_key: int, version: int, correlation_id: int, **fields: Any) -> bytes:
+    cls = load_request_schema(api_key, version)
+    names = {f.name for f in dataclasses.fields(cls)}
+    body = io.BytesIO()
+    entity_writer(cls)(body, cls(**{k: v for k, v in fields.items() if k in names}))
+    frame = encode_request_header(api_key, version, correlation_id, CLIENT_ID) + body.getvalue()
+    return INT32.pack(len(frame)) + frame
+
+
+async def _roundtrip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     api_key: int, version: int, correlation_id: int, **fields: Any) -> bytes:
+    writer.write(_encode_request(api_key, version, correlation_id, **fields))
+    await writer.drain()
+    size = INT32.unpack(await reader.readexactly(4))[0]
+    frame = await reader.readexactly(size)
+    header = parse_response_header(frame, 0, size, apis.response_header_version(api_key, version))
+    if header.correlation_id != correlation_id:
+        raise ConnectionError("unexpected correlation id from broker")
+    return frame[header.size:]
+
+
+def _max_version(body: bytes, api_key: int) -> int:
+    """Highest version of ``api_key`` a v0 ApiVersions response body offers (-1: none)."""
+    count = INT32.unpack_from(body, 2)[0]
+    for i in range(count):
+        off = 6 + 6 * i
+        if INT16.unpack_from(body, off)[0] == api_key:
+            return int(INT16.unpack_from(body, off + 4)[0])
+    return -1
+
+
+async def fetch_brokers(host: str, port: int, timeout: float) -> list[BrokerInfo]:
+    """Ask one broker for the cluster's brokers."""
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    try:
+        async with asyncio.timeout(timeout):
+            versions = await _roundtrip(reader, writer, ApiKey.API_VERSIONS, 0, 1)
+            if INT16.unpack_from(versions, 0)[0] != 0:
+                raise ConnectionError("ApiVersions failed")
+            version = min(_max_version(versions, ApiKey.METADATA),
+                          apis.kio_version_range(ApiKey.METADATA)[1])
+            if version < 1:
+                raise ConnectionError("broker offers no usable Metadata version")
+            body = await _roundtrip(reader, writer, ApiKey.METADATA, version, 2, topics=(),
+                                    allow_auto_topic_creation=False,
+                                    include_cluster_authorized_operations=False,
+                                    include_topic_authorized_operations=False)
+            response = decode_response(ApiKey.METADATA, version, body)
+    finally:
+        writer.close()
+    return [BrokerInfo(b.node_id, b.host, b.port, getattr(b, "rack", None))
+            for b in response.brokers]

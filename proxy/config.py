@@ -1,0 +1,278 @@
+"""YAML configuration, validated with pydantic; errors name the field path and file line.
+
+The configuration is built once and frozen. Unknown keys, duplicate keys and wrong types are
+errors; every error message reads ``FILE:LINE:COLUMN: field.path: what is wrong``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class HostPort:
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, value: Any) -> HostPort:
+        if isinstance(value, HostPort):
+            return value
+        if not isinstance(value, str):
+            raise ValueError('expected a "host:port" string')
+        host, sep, port_s = value.strip().rpartition(":")
+        if not sep or not host or not port_s.isdigit():
+            raise ValueError(f'expected "host:port", got {value!r}')
+        host = host.strip("[]")  # allow [::1]:9092
+        port = int(port_s)
+        if not 0 < port < 65536:
+            raise ValueError(f"port {port} is outside 1-65535")
+        return cls(host, port)
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class PortRange:
+    first: int
+    last: int
+
+    @classmethod
+    def parse(cls, value: Any) -> PortRange:
+        if isinstance(value, PortRange):
+            return value
+        text = str(value).strip()
+        first_s, sep, last_s = text.partition("-")
+        if not sep:
+            first_s = last_s = text
+        if not (first_s.strip().isdigit() and last_s.strip().isdigit()):
+            raise ValueError(f'expected a port range like "9193-9292", got {value!r}')
+        first, last = int(first_s), int(last_s)
+        if not (0 < first <= last < 65536):
+            raise ValueError(f"port range {first}-{last} must satisfy 1 <= first <= last <= 65535")
+        return cls(first, last)
+
+    def __contains__(self, port: object) -> bool:
+        return isinstance(port, int) and self.first <= port <= self.last
+
+    def __len__(self) -> int:
+        return self.last - self.first + 1
+
+    def __str__(self) -> str:
+        return f"{self.first}-{self.last}"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+
+
+class ListenersConfig(_Model):
+    bootstrap: HostPort = Field(description="Where clients bootstrap (host:port the proxy binds).")
+    advertised_host: str = Field(
+        min_length=1, description="Host written into every rewritten broker address."
+    )
+    broker_ports: PortRange = Field(description="One proxy port per upstream broker, e.g. 9193-9292.")
+    broker_listen_host: str | None = Field(
+        default=None,
+        description="Address the per-broker listeners bind; defaults to the bootstrap host.",
+    )
+
+    @field_validator("bootstrap", mode="before")
+    @classmethod
+    def _parse_bootstrap(cls, value: Any) -> HostPort:
+        return HostPort.parse(value)
+
+    @field_validator("broker_ports", mode="before")
+    @classmethod
+    def _parse_ports(cls, value: Any) -> PortRange:
+        return PortRange.parse(value)
+
+    @model_validator(mode="after")
+    def _bootstrap_outside_broker_ports(self) -> ListenersConfig:
+        if self.bootstrap.port in self.broker_ports:
+            raise ValueError(
+                f"bootstrap port {self.bootstrap.port} lies inside broker_ports {self.broker_ports}"
+            )
+        return self
+
+    @property
+    def broker_host(self) -> str:
+        return self.broker_listen_host or self.bootstrap.host
+
+
+class UpstreamConfig(_Model):
+    bootstrap_servers: Annotated[list[HostPort], Field(min_length=1)]
+    connect_timeout_seconds: float = Field(default=10.0, gt=0)
+    metadata_refresh_seconds: float = Field(
+        default=30.0, gt=0, description="How often the proxy itself refreshes the broker list."
+    )
+
+    @field_validator("bootstrap_servers", mode="before")
+    @classmethod
+    def _parse_servers(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v.strip()]
+        if not isinstance(value, list):
+            raise ValueError('expected a list of "host:port" strings')
+        return [HostPort.parse(v) for v in value]
+
+
+class MetricsConfig(_Model):
+    listen: HostPort | None = None
+
+    @field_validator("listen", mode="before")
+    @classmethod
+    def _parse_listen(cls, value: Any) -> HostPort | None:
+        return None if value is None else HostPort.parse(value)
+
+
+class LoggingConfig(_Model):
+    format: Literal["json", "console"] = "json"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class NetworkConfig(_Model):
+    max_frame_bytes: int = Field(
+        default=DEFAULT_MAX_FRAME_BYTES,
+        gt=0,
+        le=2**31 - 1,
+        description="Largest frame accepted in either direction (Kafka: socket.request.max.bytes).",
+    )
+    write_buffer_high_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
+    write_buffer_low_bytes: int = Field(default=1024 * 1024, ge=0)
+    shutdown_timeout_seconds: float = Field(default=30.0, ge=0)
+
+    @model_validator(mode="after")
+    def _low_below_high(self) -> NetworkConfig:
+        if self.write_buffer_low_bytes > self.write_buffer_high_bytes:
+            raise ValueError("write_buffer_low_bytes must not exceed write_buffer_high_bytes")
+        return self
+
+
+class ProxyConfig(_Model):
+    listeners: ListenersConfig
+    upstream: UpstreamConfig
+    metrics: MetricsConfig = MetricsConfig()
+    logging: LoggingConfig = LoggingConfig()
+    network: NetworkConfig = NetworkConfig()
+
+    @model_validator(mode="after")
+    def _metrics_port_free(self) -> ProxyConfig:
+        listen = self.metrics.listen
+        if listen is not None and (
+            listen.port in self.listeners.broker_ports
+            or (listen.port == self.listeners.bootstrap.port and _same_host(listen.host, self.listeners.bootstrap.host))
+        ):
+            raise ValueError(f"metrics.listen port {listen.port} collides with a proxy listener")
+        return self
+
+
+def _same_host(a: str, b: str) -> bool:
+    try:
+        return ipaddress.ip_address(a) == ipaddress.ip_address(b)
+    except ValueError:
+        return a == b
+
+
+class ConfigError(Exception):
+    """A configuration that cannot be used; ``errors`` holds one line per problem."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("\n".join(errors))
+        self.errors = errors
+
+
+# ---------------------------------------------------------------- YAML with positions
+
+
+def _positions(node: yaml.Node, path: tuple[Any, ...], out: dict[tuple[Any, ...], yaml.Mark],
+               errors: list[str], source: str) -> None:
+    out.setdefault(path, node.start_mark)
+    if isinstance(node, yaml.MappingNode):
+        seen: set[Any] = set()
+        for key_node, value_node in node.value:
+            key = key_node.value
+            if key in seen:
+                m = key_node.start_mark
+                dotted = ".".join(str(p) for p in (*path, key))
+                errors.append(f"{source}:{m.line + 1}:{m.column + 1}: {dotted}: duplicate key")
+            seen.add(key)
+            out[(*path, key)] = key_node.start_mark
+            _positions(value_node, (*path, key), out, errors, source)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _positions(item, (*path, i), out, errors, source)
+
+
+def _mark_for(loc: tuple[Any, ...], marks: dict[tuple[Any, ...], yaml.Mark]) -> yaml.Mark | None:
+    loc = tuple(loc)
+    while loc:
+        if loc in marks:
+            return marks[loc]
+        loc = loc[:-1]
+    return marks.get(())
+
+
+def parse_config(text: str, source: str = "<config>") -> ProxyConfig:
+    """Parse and validate configuration text. Raises ``ConfigError`` with positioned messages."""
+    errors: list[str] = []
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError([f"{where}: YAML syntax error: {problem}"]) from None
+    marks: dict[tuple[Any, ...], yaml.Mark] = {}
+    if root is not None:
+        _positions(root, (), marks, errors, source)
+    if errors:
+        raise ConfigError(errors)
+    if not isinstance(data, dict):
+        raise ConfigError([f"{source}:1:1: the configuration must be a YAML mapping"])
+    try:
+        return ProxyConfig.model_validate(data)
+    except ValidationError as exc:
+        for err in exc.errors():
+            loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+            mark = _mark_for(loc, marks)
+            where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+            dotted = ".".join(str(p) for p in loc) or "(top level)"
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown key"
+            elif err["type"] == "missing":
+                msg = "required field is missing"
+            errors.append(f"{where}: {dotted}: {msg}")
+        raise ConfigError(errors) from None
+
+
+def load_config(path: str | Path) -> ProxyConfig:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([f"{p}: cannot read: {exc.strerror or exc}"]) from None
+    return parse_config(text, str(p))
+
+
+def summarize(config: ProxyConfig) -> str:
+    lines = [
+        f"bootstrap listener : {config.listeners.bootstrap}",
+        f"advertised host    : {config.listeners.advertised_host}",
+        f"broker ports       : {config.listeners.broker_ports} ({len(config.listeners.broker_ports)} brokers max)",
+        f"upstream bootstrap : {', '.join(str(s) for s in config.upstream.bootstrap_servers)}",
+        f"metrics            : {config.metrics.listen or 'off'}",
+        f"max frame bytes    : {config.network.max_frame_bytes}",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,221 @@
+"""One proxied connection: a client socket paired with its own upstream broker socket.
+
+The asyncio protocols here are thin adapters over the sans-IO streams in ``protocol.stream``:
+``data_received`` feeds the stream and writes what it returns. Backpressure: when one side's
+write buffer passes its high-water mark, reading from the other side pauses until it drains.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from protocol.correlation import CorrelationTable
+from protocol.errors import ProtocolError
+from protocol.stream import RequestStream, ResponseStream
+from proxy.flow import ReadGate
+from proxy.logs import get_logger
+
+if TYPE_CHECKING:
+    from proxy.server import Proxy
+
+log = get_logger("kafka_quota_proxy.connection")
+
+_ids = itertools.count(1)
+_now = time.perf_counter
+
+
+class ProxiedConnection(asyncio.Protocol):
+    """The client-facing protocol; owns the upstream side and the sans-IO state."""
+
+    def __init__(self, proxy: Proxy, listener: str,
+                 resolve_upstream: Callable[[], list[tuple[str, int]]]) -> None:
+        self.proxy = proxy
+        self.listener = listener
+        self.id = next(_ids)
+        self._resolve_upstream = resolve_upstream
+        self.table = CorrelationTable()
+        cfg = proxy.config.network
+        self.requests = RequestStream(self.table, cfg.max_frame_bytes)
+        self.responses = ResponseStream(self.table, proxy.rewriter, cfg.max_frame_bytes)
+        self.transport: asyncio.Transport | None = None
+        self.upstream: UpstreamSide | None = None
+        self.client_gate = ReadGate()
+        self.peer = "?"
+        self.closed = False
+        self._early: list[bytes] = []
+        self._connect_task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------ client side
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        net = self.proxy.config.network
+        transport.set_write_buffer_limits(net.write_buffer_high_bytes, net.write_buffer_low_bytes)
+        self.client_gate.attach(transport)
+        self.client_gate.pause("connecting")
+        self.proxy.connection_opened(self)
+        self._connect_task = asyncio.get_running_loop().create_task(self._connect_upstream())
+
+    async def _connect_upstream(self) -> None:
+        loop = asyncio.get_running_loop()
+        errors = []
+        timeout = self.proxy.config.upstream.connect_timeout_seconds
+        for host, port in self._resolve_upstream():
+            try:
+                transport, _ = await asyncio.wait_for(
+                    loop.create_connection(lambda: UpstreamSide(self), host, port), timeout
+                )
+            except (OSError, TimeoutError) as exc:
+                errors.append(f"{host}:{port}: {exc or type(exc).__name__}")
+                continue
+            if self.closed:
+                transport.close()
+                return
+            if self._early:
+                early, self._early = self._early, []
+                for chunk in early:
+                    self._forward(chunk)
+            self.client_gate.resume("connecting")
+            return
+        self.close("upstream_unreachable", detail="; ".join(errors) or "no upstream address known")
+
+    def data_received(self, data: bytes) -> None:
+        if self.upstream is None:  # the transport may deliver bytes before pausing takes hold
+            self._early.append(data)
+            return
+        self._forward(data)
+
+    def _forward(self, data: bytes) -> None:
+        if self.closed:
+            return
+        try:
+            forward, events = self.requests.feed(data)
+        except ProtocolError as exc:
+            self.close(exc.reason, detail=str(exc), side="client")
+            return
+        if events:
+            stats = self.proxy.stats
+            now = _now()
+            for entry in events:
+                entry.annotation = now
+                key = entry.api_key
+                stats.requests[key] += 1
+                stats.request_bytes[key] += entry.request_size
+                c = stats.client(entry.client_id)
+                c[0] += entry.request_size
+                c[2] += 1
+        if forward:
+            self.upstream.transport.write(forward)  # type: ignore[union-attr]
+
+    def eof_received(self) -> bool | None:
+        self.close("client_closed")
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.close("client_closed" if exc is None else "client_error",
+                   detail=str(exc) if exc else None)
+
+    def pause_writing(self) -> None:  # client is slow: stop reading the broker
+        if self.upstream is not None:
+            self.upstream.gate.pause("client_backpressure")
+
+    def resume_writing(self) -> None:
+        if self.upstream is not None:
+            self.upstream.gate.resume("client_backpressure")
+
+    # ------------------------------------------------------------------ responses
+    def upstream_data(self, data: bytes) -> None:
+        try:
+            segments, done = self.responses.feed(data)
+        except ProtocolError as exc:
+            self.close(exc.reason, detail=str(exc), side="upstream")
+            return
+        except Exception as exc:  # e.g. broker ports exhausted while rewriting
+            self.close(getattr(exc, "reason", "internal_error"), detail=repr(exc),
+                       side="upstream")
+            return
+        transport = self.transport
+        assert transport is not None
+        if len(segments) == 1:
+            transport.write(segments[0])
+        elif segments:
+            transport.writelines(segments)
+        if done:
+            stats = self.proxy.stats
+            now = _now()
+            for entry in done:
+                key = entry.api_key
+                stats.response_bytes[key] += entry.response_size
+                stats.client(entry.client_id)[1] += entry.response_size
+                stats.observe_latency(key, now - entry.annotation)
+            if self.proxy.draining and not self.table:
+                self.proxy.connection_drained(self)
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def idle(self) -> bool:
+        """No request is waiting for its response."""
+        return not self.table
+
+    def close(self, reason: str, *, detail: str | None = None, side: str | None = None) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        fields: dict[str, Any] = {"connection": self.id, "listener": self.listener,
+                                  "client": self.peer, "reason": reason,
+                                  "in_flight": len(self.table)}
+        if detail:
+            fields["detail"] = detail
+        if side:
+            fields["offender"] = side
+        if reason in ("client_closed", "shutdown"):
+            log.debug("connection_closed", **fields)
+        elif side is not None or reason == "upstream_unreachable":
+            log.warning("connection_closed", **fields)
+        else:
+            log.info("connection_closed", **fields)
+        if self._connect_task is not None and not self._connect_task.done():
+            self._connect_task.cancel()
+        if self.transport is not None:
+            self.transport.close()
+        if self.upstream is not None and self.upstream.transport is not None:
+            self.upstream.transport.close()
+        self.proxy.connection_closed(self, reason)
+
+
+class UpstreamSide(asyncio.Protocol):
+    __slots__ = ("conn", "gate", "transport")
+
+    def __init__(self, conn: ProxiedConnection) -> None:
+        self.conn = conn
+        self.transport: asyncio.Transport | None = None
+        self.gate = ReadGate()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        net = self.conn.proxy.config.network
+        transport.set_write_buffer_limits(net.write_buffer_high_bytes, net.write_buffer_low_bytes)
+        self.gate.attach(transport)
+        self.conn.upstream = self
+
+    def data_received(self, data: bytes) -> None:
+        self.conn.upstream_data(data)
+
+    def eof_received(self) -> bool | None:
+        self.conn.close("upstream_closed")
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.conn.close("upstream_closed" if exc is None else "upstream_error",
+                        detail=str(exc) if exc else None)
+
+    def pause_writing(self) -> None:  # broker is slow: stop reading the client
+        self.conn.client_gate.pause("upstream_backpressure")
+
+    def resume_writing(self) -> None:
+        self.conn.client_gate.resume("upstream_backpressure")

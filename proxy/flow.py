@@ -1,0 +1,40 @@
+"""Pausing a transport for several independent reasons (backpressure, shutdown drain, ...).
+
+Reading resumes only when no reason is left. Backpressure lives here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+
+class ReadGate:
+    __slots__ = ("_reasons", "_transport")
+
+    def __init__(self) -> None:
+        self._transport: asyncio.Transport | None = None
+        self._reasons: set[str] = set()
+
+    def attach(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        if self._reasons:
+            transport.pause_reading()
+
+    def pause(self, reason: str) -> None:
+        if not self._reasons and self._transport is not None and not self._transport.is_closing():
+            self._transport.pause_reading()
+        self._reasons.add(reason)
+
+    def resume(self, reason: str) -> None:
+        if reason not in self._reasons:
+            return
+        self._reasons.discard(reason)
+        if not self._reasons and self._transport is not None and not self._transport.is_closing():
+            self._transport.resume_reading()
+
+    @property
+    def paused(self) -> bool:
+        return bool(self._reasons)
+
+    def reasons(self) -> frozenset[str]:
+        return frozenset(self._reasons)

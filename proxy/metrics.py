@@ -1,0 +1,128 @@
+"""Prometheus metrics. The hot path only bumps plain Python counters; a custom collector turns
+them into Prometheus families at scrape time, so forwarding pays no lock or label lookup."""
+
+from __future__ import annotations
+
+import asyncio
+from bisect import bisect_left
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from protocol.apis import api_name
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                   2.5, 5.0, 10.0, 30.0)
+
+
+class ProxyStats:
+    """Counters updated by the connections; read by the collector, the demo and tests."""
+
+    def __init__(self) -> None:
+        self.connections_open: dict[str, int] = defaultdict(int)  # listener kind -> open
+        self.connections_total: dict[str, int] = defaultdict(int)
+        self.closed: dict[str, int] = defaultdict(int)  # reason -> count
+        self.requests: dict[int, int] = defaultdict(int)  # api key -> count
+        self.request_bytes: dict[int, int] = defaultdict(int)
+        self.response_bytes: dict[int, int] = defaultdict(int)
+        # client id -> [request bytes, response bytes, requests] (for the demo's per-client rates)
+        self.per_client: dict[str, list[int]] = {}
+        self.latency_buckets: dict[int, list[int]] = {}  # api key -> counts per bucket (+Inf last)
+        self.latency_sum: dict[int, float] = defaultdict(float)
+        self.rewritten: dict[int, int] = defaultdict(int)
+        self.brokers_known = 0
+
+    def observe_latency(self, api_key: int, seconds: float) -> None:
+        buckets = self.latency_buckets.get(api_key)
+        if buckets is None:
+            buckets = self.latency_buckets[api_key] = [0] * (len(LATENCY_BUCKETS) + 1)
+        buckets[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.latency_sum[api_key] += seconds
+
+    def client(self, client_id: str | None) -> list[int]:
+        key = client_id or ""
+        c = self.per_client.get(key)
+        if c is None:
+            c = self.per_client[key] = [0, 0, 0]
+        return c
+
+
+class _Collector(Collector):
+    def __init__(self, stats: ProxyStats) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Any]:
+        s = self.stats
+        g = GaugeMetricFamily("kafka_proxy_connections", "Open client connections",
+                              labels=["listener"])
+        for k, v in s.connections_open.items():
+            g.add_metric([k], v)
+        yield g
+        c = CounterMetricFamily("kafka_proxy_connections_accepted", "Client connections accepted",
+                                labels=["listener"])
+        for k, v in s.connections_total.items():
+            c.add_metric([k], v)
+        yield c
+        c = CounterMetricFamily("kafka_proxy_connections_closed",
+                                "Client connections closed, by reason", labels=["reason"])
+        for k, v in s.closed.items():
+            c.add_metric([k], v)
+        yield c
+        for name, doc, data in (
+            ("kafka_proxy_requests", "Requests forwarded, by API", s.requests),
+            ("kafka_proxy_request_bytes", "Request bytes forwarded, by API", s.request_bytes),
+            ("kafka_proxy_response_bytes", "Response bytes forwarded, by API", s.response_bytes),
+            ("kafka_proxy_responses_rewritten", "Responses rewritten, by API", s.rewritten),
+        ):
+            c = CounterMetricFamily(name, doc, labels=["api"])
+            for k, v in sorted(data.items()):
+                c.add_metric([api_name(k)], v)
+            yield c
+        h = HistogramMetricFamily("kafka_proxy_upstream_latency_seconds",
+                                  "Time from forwarding a request to its response arriving",
+                                  labels=["api"])
+        for k, counts in sorted(s.latency_buckets.items()):
+            cumulative, acc = [], 0
+            for bound, n in zip((*map(str, LATENCY_BUCKETS), "+Inf"), counts, strict=True):
+                acc += n
+                cumulative.append((bound, acc))
+            h.add_metric([api_name(k)], cumulative, s.latency_sum[k])
+        yield h
+        g = GaugeMetricFamily("kafka_proxy_upstream_brokers", "Upstream brokers known")
+        g.add_metric([], s.brokers_known)
+        yield g
+
+
+def make_registry(stats: ProxyStats) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(stats))
+    return registry
+
+
+async def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> asyncio.Server:
+    """A minimal HTTP/1.1 server on the event loop: GET /metrics; anything else 404."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request_line = await asyncio.wait_for(reader.readline(), 10)
+            while (await asyncio.wait_for(reader.readline(), 10)) not in (b"\r\n", b"\n", b""):
+                pass
+            parts = request_line.decode("latin-1").split()
+            if len(parts) >= 2 and parts[0] == "GET" and parts[1].split("?")[0] == "/metrics":
+                body = generate_latest(registry)
+                head = (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; "
+                        b"charset=utf-8\r\n")
+            else:
+                body, head = b"not found\n", b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\n"
+            writer.write(head + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+            await writer.drain()
+        except (TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(handle, host, port)

@@ -1,0 +1,197 @@
+"""The proxy: startup -> serve -> graceful shutdown.
+
+- a bootstrap listener whose connections go to any upstream bootstrap server;
+- one listener per upstream broker (node id), each connection going to that broker;
+- the broker list is learnt from the cluster at start, refreshed periodically, and extended
+  by every response the proxy rewrites;
+- shutdown: stop accepting, stop reading new requests, let in-flight requests finish (up to
+  ``network.shutdown_timeout_seconds``), then close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from typing import Any
+
+from protocol.rewrite import ResponseRewriter
+from proxy.brokers import Broker, BrokerRegistry
+from proxy.cluster import fetch_brokers
+from proxy.config import ProxyConfig
+from proxy.connection import ProxiedConnection
+from proxy.logs import get_logger
+from proxy.metrics import ProxyStats, make_registry, serve_metrics
+
+log = get_logger("kafka_quota_proxy.server")
+
+BOOTSTRAP = "bootstrap"
+
+
+class Proxy:
+    def __init__(self, config: ProxyConfig) -> None:
+        self.config = config
+        self.stats = ProxyStats()
+        self.registry = BrokerRegistry(config.listeners.advertised_host,
+                                       config.listeners.broker_ports, self._bind_broker)
+        self.rewriter = ResponseRewriter(self.registry)
+        self.connections: set[ProxiedConnection] = set()
+        self.servers: dict[str, asyncio.AbstractServer] = {}
+        self.draining = False
+        self._drained = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._metrics_server: asyncio.AbstractServer | None = None
+        self._bootstrap_rr = 0
+        self.cluster_reachable = asyncio.Event()
+
+    # ------------------------------------------------------------------ startup
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        listen = self.config.listeners.bootstrap
+        self.servers[BOOTSTRAP] = await loop.create_server(
+            lambda: ProxiedConnection(self, BOOTSTRAP, self._bootstrap_targets),
+            listen.host, listen.port, reuse_address=True, backlog=1024,
+        )
+        if self.config.metrics.listen is not None:
+            m = self.config.metrics.listen
+            self._metrics_server = await serve_metrics(make_registry(self.stats), m.host, m.port)
+        self._spawn(self._refresh_loop())
+        log.info("proxy_started", bootstrap=str(listen),
+                 broker_ports=str(self.config.listeners.broker_ports),
+                 upstream=[str(s) for s in self.config.upstream.bootstrap_servers],
+                 metrics=str(self.config.metrics.listen) if self.config.metrics.listen else None)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _bootstrap_targets(self) -> list[tuple[str, int]]:
+        servers = [(s.host, s.port) for s in self.config.upstream.bootstrap_servers]
+        i = self._bootstrap_rr % len(servers)
+        self._bootstrap_rr += 1
+        return servers[i:] + servers[:i]
+
+    def _bind_broker(self, broker: Broker) -> None:
+        """Bind the broker's proxy port now (synchronously, so a client told about it can
+        connect at once: early connections wait in the listen backlog) and serve it."""
+        host = self.config.listeners.broker_host
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, broker.proxy_port))
+            sock.listen(1024)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        name = f"broker-{broker.node_id}"
+        node_id = broker.node_id
+
+        def targets() -> list[tuple[str, int]]:
+            b = self.registry.get(node_id)
+            return [(b.host, b.port)] if b else []
+
+        async def serve() -> None:
+            loop = asyncio.get_running_loop()
+            self.servers[name] = await loop.create_server(
+                lambda: ProxiedConnection(self, name, targets), sock=sock, backlog=1024)
+
+        self._spawn(serve())
+        self.stats.brokers_known = len(self.registry) + 1
+
+    async def refresh_brokers(self) -> bool:
+        timeout = self.config.upstream.connect_timeout_seconds
+        for target in self._bootstrap_targets():
+            try:
+                brokers = await fetch_brokers(target[0], target[1], timeout)
+            except (OSError, TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
+                log.debug("metadata_refresh_failed", upstream=f"{target[0]}:{target[1]}",
+                          error=repr(exc))
+                continue
+            for b in brokers:
+                self.registry.advertise(b.node_id, b.host, b.port, b.rack)
+            self.cluster_reachable.set()
+            return True
+        self.cluster_reachable.clear()
+        return False
+
+    async def _refresh_loop(self) -> None:
+        delay = 0.25
+        while not self.draining:
+            ok = await self.refresh_brokers()
+            if ok:
+                delay = self.config.upstream.metadata_refresh_seconds
+            else:
+                log.warning("cluster_unreachable",
+                            upstream=[str(s) for s in self.config.upstream.bootstrap_servers])
+                delay = min(max(delay * 2, 0.25), self.config.upstream.metadata_refresh_seconds)
+            await asyncio.sleep(delay)
+
+    async def wait_listening(self) -> None:
+        """Wait until every known broker's listener is serving."""
+        while any(f"broker-{n}" not in self.servers for n in self.registry.by_node):
+            await asyncio.sleep(0.01)
+
+    # ------------------------------------------------------------------ connections
+    def connection_opened(self, conn: ProxiedConnection) -> None:
+        self.connections.add(conn)
+        kind = BOOTSTRAP if conn.listener == BOOTSTRAP else "broker"
+        self.stats.connections_open[kind] += 1
+        self.stats.connections_total[kind] += 1
+        if self.draining:
+            conn.close("shutdown")
+
+    def connection_closed(self, conn: ProxiedConnection, reason: str) -> None:
+        if conn in self.connections:
+            self.connections.discard(conn)
+            kind = BOOTSTRAP if conn.listener == BOOTSTRAP else "broker"
+            self.stats.connections_open[kind] -= 1
+        self.stats.closed[reason] += 1
+        if self.draining:
+            self._check_drained()
+
+    def connection_drained(self, conn: ProxiedConnection) -> None:
+        conn.close("shutdown")
+
+    def _check_drained(self) -> None:
+        if not self.connections:
+            self._drained.set()
+
+    # ------------------------------------------------------------------ shutdown
+    async def shutdown(self) -> None:
+        if self.draining:
+            return
+        self.draining = True
+        log.info("proxy_stopping", connections=len(self.connections))
+        for server in self.servers.values():
+            server.close()
+        if self._metrics_server is not None:
+            self._metrics_server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        # Stop reading new requests; idle connections close now, busy ones when answered.
+        for conn in list(self.connections):
+            conn.client_gate.pause("shutdown")
+            if conn.idle:
+                conn.close("shutdown")
+        self._check_drained()
+        timeout = self.config.network.shutdown_timeout_seconds
+        try:
+            await asyncio.wait_for(self._drained.wait(), timeout)
+        except TimeoutError:
+            log.warning("shutdown_timeout", connections=len(self.connections))
+            for conn in list(self.connections):
+                conn.close("shutdown_timeout")
+        for server in self.servers.values():
+            with contextlib.suppress(Exception):
+                await server.wait_closed()
+        log.info("proxy_stopped")
+
+
+async def run_proxy(config: ProxyConfig, stop: asyncio.Event) -> None:
+    proxy = Proxy(config)
+    await proxy.start()
+    await stop.wait()
+    await proxy.shutdown()
