@@ -103,6 +103,8 @@ def offered_range(api_key: int, broker_min: int, broker_max: int) -> tuple[int, 
     lo, hi = broker_min, broker_max
     if api_key in ADDRESS_BEARING and api_key != ApiKey.API_VERSIONS:
         hi = min(hi, entry[2])
+        if ADDRESS_BEARING[api_key] < entry[1]:  # versions below kio's would need rewriting
+            lo = max(lo, entry[1])
     if api_key in _MAX_CAPS:
         hi = min(hi, _MAX_CAPS[api_key])
     if api_key in _MIN_CAPS:
@@ -120,7 +122,7 @@ def accepts_request_version(api_key: int, api_version: int) -> bool:
     if (
         api_key != ApiKey.API_VERSIONS
         and needs_response_rewrite(api_key, api_version)
-        and api_version > API_TABLE[api_key][2]
+        and not API_TABLE[api_key][1] <= api_version <= API_TABLE[api_key][2]
     ):
         return False
     if api_key in _MAX_CAPS and api_version > _MAX_CAPS[api_key]:

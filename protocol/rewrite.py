@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import struct
 from collections.abc import Callable
 from functools import cache
 from typing import Any, Protocol
@@ -27,6 +28,7 @@ from typing import Any, Protocol
 from kio.index import load_entity_module, load_response_schema
 from kio.schema.index import api_key_map
 from kio.serial import entity_reader, entity_writer
+from kio.serial.errors import SerialError
 from kio.static.constants import EntityType
 
 from protocol import apis
@@ -88,8 +90,9 @@ def encode_entity(value: Any) -> bytes:
     return buf.getvalue()
 
 
-def _with_address(entity: Any, addresses: AddressMap, id_field: str = "node_id") -> Any:
-    node_id = getattr(entity, id_field)
+def _with_address(entity: Any, addresses: AddressMap) -> Any:
+    # DescribeCluster names it broker_id; everything else node_id.
+    node_id = entity.node_id if hasattr(entity, "node_id") else entity.broker_id
     if node_id < 0:
         return entity  # e.g. FindCoordinator error: node_id -1, host ""
     rack = getattr(entity, "rack", None)
@@ -210,11 +213,11 @@ class ResponseRewriter:
     def __call__(self, entry: InFlight, frame: bytes) -> bytes | None:
         api_key = entry.api_key
         version = entry.api_version
-        header = parse_response_header(
-            frame, 0, len(frame), apis.response_header_version(api_key, version)
-        )
-        head, body = frame[: header.size], frame[header.size :]
         try:
+            header = parse_response_header(
+                frame, 0, len(frame), apis.response_header_version(api_key, version)
+            )
+            head, body = frame[: header.size], frame[header.size :]
             if api_key == ApiKey.API_VERSIONS:
                 # A broker that does not support the requested version answers with v0.
                 error_code = INT16.unpack_from(body, 0)[0]
@@ -236,7 +239,7 @@ class ResponseRewriter:
                 new_body = encode_entity(new_value)
         except UndecodableResponse:
             raise
-        except (IndexError, ValueError, KeyError) as exc:
+        except (IndexError, ValueError, KeyError, struct.error, SerialError) as exc:
             raise UndecodableResponse(
                 f"{apis.api_name(api_key)} v{version} response does not parse: {exc!r}"
             ) from None

@@ -60,6 +60,11 @@ class RequestStream:
     def buffered(self) -> int:
         return len(self._pending)
 
+    @property
+    def mid_frame(self) -> bool:
+        """A frame has started but not ended (at end of input this means truncation)."""
+        return self._remaining > 0 or bool(self._pending)
+
     def feed(self, data: bytes) -> tuple[Buffer, list[InFlight]]:
         events: list[InFlight] = []
         if self._pending:

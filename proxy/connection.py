@@ -78,19 +78,12 @@ class ProxiedConnection(asyncio.Protocol):
                 return
             if self._early:
                 early, self._early = self._early, []
-                for chunk in early:
-                    self._forward(chunk)
+                self.upstream.transport.writelines(early)  # type: ignore[union-attr]
             self.client_gate.resume("connecting")
             return
         self.close("upstream_unreachable", detail="; ".join(errors) or "no upstream address known")
 
     def data_received(self, data: bytes) -> None:
-        if self.upstream is None:  # the transport may deliver bytes before pausing takes hold
-            self._early.append(data)
-            return
-        self._forward(data)
-
-    def _forward(self, data: bytes) -> None:
         if self.closed:
             return
         try:
@@ -110,15 +103,27 @@ class ProxiedConnection(asyncio.Protocol):
                 c[0] += entry.request_size
                 c[2] += 1
         if forward:
-            self.upstream.transport.write(forward)  # type: ignore[union-attr]
+            upstream = self.upstream
+            if upstream is None:  # bytes may arrive before pausing takes hold
+                self._early.append(bytes(forward))
+            else:
+                upstream.transport.write(forward)  # type: ignore[union-attr]
 
     def eof_received(self) -> bool | None:
-        self.close("client_closed")
+        self._client_gone(None)
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.close("client_closed" if exc is None else "client_error",
-                   detail=str(exc) if exc else None)
+        self._client_gone(exc)
+
+    def _client_gone(self, exc: Exception | None) -> None:
+        if self.requests.mid_frame:
+            self.close("truncated_frame", side="client",
+                       detail="client closed the connection in the middle of a frame")
+        elif exc is not None:
+            self.close("client_error", detail=str(exc))
+        else:
+            self.close("client_closed")
 
     def pause_writing(self) -> None:  # client is slow: stop reading the broker
         if self.upstream is not None:

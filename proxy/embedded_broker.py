@@ -66,12 +66,16 @@ class TansuBroker:
             self.port = free_port(self.host)
         url = f"tcp://{self.host}:{self.port}"
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.process = subprocess.Popen(
-            [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-             "--storage-engine", "memory://tansu/", *self.extra_args],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        try:
+            self.process = subprocess.Popen(
+                [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url",
+                 url, "--storage-engine", "memory://tansu/", *self.extra_args],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            if not isinstance(out, int):
+                out.close()
         try:
             wait_for_port(self.host, self.port, timeout)
         except TimeoutError:

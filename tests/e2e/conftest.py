@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from proxy.embedded_broker import TansuBroker
+from tests.support import ProxyProcess, wait_for
+
+
+@pytest.fixture(scope="module")
+def tansu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TansuBroker]:
+    log = tmp_path_factory.mktemp("tansu") / "tansu.log"
+    broker = TansuBroker(log_path=str(log)).start()
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture(scope="module")
+def proxy(tansu: TansuBroker) -> Iterator[ProxyProcess]:
+    p = ProxyProcess(tansu.bootstrap).start()
+    p.wait_broker_listener(111)
+    yield p
+    p.stop()
+
+
+@pytest.fixture
+def wait() -> object:
+    return wait_for

@@ -1,0 +1,240 @@
+"""Helpers shared by the end-to-end tests: the proxy as a real subprocess, condition waits."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from proxy.embedded_broker import free_port, wait_for_port
+
+T = TypeVar("T")
+
+
+def wait_for(cond: Callable[[], T], timeout: float = 30.0, interval: float = 0.05,
+             what: str = "condition") -> T:
+    """Poll ``cond`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_port_range(size: int = 20) -> tuple[int, int]:
+    """A range of ``size`` ports that are free right now."""
+    for _ in range(200):
+        base = random.randint(20000, 55000)
+        ok = True
+        for p in range(base, base + size):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base, base + size - 1
+    raise RuntimeError("no free port range")
+
+
+@dataclass
+class ProxyProcess:
+    upstream: str
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="kqp-")))
+    extra_yaml: str = ""
+    bootstrap_port: int = 0
+    metrics_port: int = 0
+    ports: tuple[int, int] = (0, 0)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.bootstrap_port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "proxy.log"
+
+    @property
+    def config_path(self) -> Path:
+        return self.workdir / "config.yaml"
+
+    def broker_port(self, node_id: int) -> int:
+        first, last = self.ports
+        return first + node_id % (last - first + 1)
+
+    def write_config(self) -> None:
+        if not self.bootstrap_port:
+            self.bootstrap_port = free_port()
+            self.metrics_port = free_port()
+            self.ports = free_port_range()
+        self.config_path.write_text(
+            f"""listeners:
+  bootstrap: "127.0.0.1:{self.bootstrap_port}"
+  advertised_host: "127.0.0.1"
+  broker_ports: "{self.ports[0]}-{self.ports[1]}"
+upstream:
+  bootstrap_servers: ["{self.upstream}"]
+  connect_timeout_seconds: 5
+  metadata_refresh_seconds: 2
+metrics:
+  listen: "127.0.0.1:{self.metrics_port}"
+logging:
+  level: debug
+{self.extra_yaml}"""
+        )
+
+    def start(self) -> ProxyProcess:
+        self.write_config()
+        log = open(self.log_path, "ab")  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "proxy", "run", "--config", str(self.config_path)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        log.close()
+        wait_for_port("127.0.0.1", self.bootstrap_port, 20)
+        return self
+
+    def wait_broker_listener(self, node_id: int, timeout: float = 20) -> int:
+        port = self.broker_port(node_id)
+        wait_for_port("127.0.0.1", port, timeout)
+        return port
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int | None:
+        proc = self.process
+        if proc is None:
+            return None
+        self.process = None
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+        return proc.returncode
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def events(self) -> list[dict[str, Any]]:
+        out = []
+        if not self.log_path.exists():
+            return out
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass
+        return out
+
+    def closed_connections(self) -> list[dict[str, Any]]:
+        return [e for e in self.events() if e.get("event") == "connection_closed"]
+
+    def metrics(self) -> dict[str, float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        values: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                values[name] = float(value)
+        return values
+
+
+class KafkaWire:
+    """A tiny blocking Kafka client speaking raw frames, for probing the proxy."""
+
+    def __init__(self, host: str, port: int, client_id: str = "wire-probe",
+                 timeout: float = 10.0) -> None:
+        self.sock = socket.create_connection((host, port), timeout=timeout)
+        self.client_id = client_id
+        self._correlation = 0
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> KafkaWire:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def send_raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def recv_exactly(self, n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = self.sock.recv(n - len(buf))
+            if not chunk:
+                raise ConnectionError("connection closed by the proxy")
+            buf += chunk
+        return bytes(buf)
+
+    def is_closed_by_peer(self, timeout: float = 10.0) -> bool:
+        """True when the peer closes the connection (EOF or reset) within ``timeout``."""
+        self.sock.settimeout(timeout)
+        try:
+            while True:
+                data = self.sock.recv(65536)
+                if not data:
+                    return True
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+        except TimeoutError:
+            return False
+
+    def encode(self, api_key: int, version: int, **fields: Any) -> bytes:
+        import dataclasses
+        import io
+
+        from kio.index import load_request_schema
+        from kio.serial import entity_writer
+
+        from protocol.headers import encode_request_header
+
+        self._correlation += 1
+        cls = load_request_schema(api_key, version)
+        names = {f.name for f in dataclasses.fields(cls)}
+        body = io.BytesIO()
+        entity_writer(cls)(body, cls(**{k: v for k, v in fields.items() if k in names}))
+        frame = encode_request_header(api_key, version, self._correlation, self.client_id)
+        frame += body.getvalue()
+        return len(frame).to_bytes(4, "big") + frame
+
+    def request(self, api_key: int, version: int, **fields: Any) -> Any:
+        from protocol import apis
+        from protocol.headers import parse_response_header
+        from protocol.rewrite import decode_response
+
+        self.send_raw(self.encode(api_key, version, **fields))
+        size = int.from_bytes(self.recv_exactly(4), "big")
+        frame = self.recv_exactly(size)
+        hv = apis.response_header_version(api_key, version)
+        if api_key == 18:
+            hv = 0
+        header = parse_response_header(frame, 0, size, hv)
+        assert header.correlation_id == self._correlation
+        body = frame[header.size:]
+        if api_key == 18 and int.from_bytes(body[:2], "big", signed=True) == 35:
+            return decode_response(api_key, 0, body)
+        return decode_response(api_key, version, body)
