@@ -51,7 +51,9 @@ def parse_request_header(buf: bytes | memoryview, pos: int, limit: int) -> Reque
         pos = skip_tagged_fields(buf, pos)
         if pos > limit:
             raise IndexError("header tagged fields incomplete")
-    return RequestHeader(api_key, api_version, correlation_id, client_id, header_version, pos - start)
+    return RequestHeader(
+        api_key, api_version, correlation_id, client_id, header_version, pos - start
+    )
 
 
 def encode_request_header(

@@ -195,7 +195,9 @@ def cap_api_versions(body: bytes, version: int) -> bytes:
             kept.append(body[start:pos])
         else:
             kept.append(
-                INT16.pack(api_key) + INT16.pack(offered[0]) + INT16.pack(offered[1])
+                INT16.pack(api_key)
+                + INT16.pack(offered[0])
+                + INT16.pack(offered[1])
                 + body[tag_start:pos]
             )
     if pos > len(body):
@@ -223,7 +225,9 @@ class ResponseRewriter:
                 error_code = INT16.unpack_from(body, 0)[0]
                 new_body = cap_api_versions(body, 0 if error_code == 35 else version)
             elif api_key == ApiKey.PRODUCE or api_key == ApiKey.FETCH:
-                skim = produce_response_layout if api_key == ApiKey.PRODUCE else fetch_response_layout
+                skim = (
+                    produce_response_layout if api_key == ApiKey.PRODUCE else fetch_response_layout
+                )
                 layout = skim(body, 0, version)
                 rewritten = rewrite_node_endpoints_tag(
                     api_key, version, body, layout.tags_offset, self.addresses

@@ -33,16 +33,16 @@ def _skip_string(buf: bytes | memoryview, pos: int, flexible: bool) -> int:
     if flexible:
         n, pos = read_uvarint(buf, pos)
         return pos + max(n - 1, 0)
-    n = INT16.unpack_from(buf, pos)[0]
-    return pos + 2 + max(n, 0)
+    size: int = INT16.unpack_from(buf, pos)[0]
+    return pos + 2 + max(size, 0)
 
 
 def _skip_bytes(buf: bytes | memoryview, pos: int, flexible: bool) -> int:
     if flexible:
         n, pos = read_uvarint(buf, pos)
         return pos + max(n - 1, 0)
-    n = INT32.unpack_from(buf, pos)[0]
-    return pos + 4 + max(n, 0)
+    size: int = INT32.unpack_from(buf, pos)[0]
+    return pos + 4 + max(size, 0)
 
 
 def produce_response_layout(buf: bytes | memoryview, pos: int, version: int) -> Layout:

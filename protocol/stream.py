@@ -94,7 +94,8 @@ class RequestStream:
                     raise UnknownApiKey(f"unknown api key {api_key}")
                 if not apis.accepts_request_version(api_key, header.api_version):
                     raise UnsupportedVersion(
-                        f"{apis.api_name(api_key)} v{header.api_version} is not offered by the proxy"
+                        f"{apis.api_name(api_key)} v{header.api_version} "
+                        "is not offered by the proxy"
                     )
                 expects_response = True
                 if api_key == _PRODUCE:

@@ -39,8 +39,9 @@ class BrokerRegistry:
     next free port is tried).
     """
 
-    def __init__(self, advertised_host: str, ports: PortRange,
-                 bind: Callable[[Broker], None]) -> None:
+    def __init__(
+        self, advertised_host: str, ports: PortRange, bind: Callable[[Broker], None]
+    ) -> None:
         self.advertised_host = advertised_host
         self.ports = ports
         self._bind = bind
@@ -52,8 +53,13 @@ class BrokerRegistry:
         if broker is None:
             broker = self._add(node_id, host, port, rack)
         elif (broker.host, broker.port) != (host, port) or broker.rack != rack:
-            log.info("broker_moved", node_id=node_id, old=f"{broker.host}:{broker.port}",
-                     new=f"{host}:{port}", rack=rack)
+            log.info(
+                "broker_moved",
+                node_id=node_id,
+                old=f"{broker.host}:{broker.port}",
+                new=f"{host}:{port}",
+                rack=rack,
+            )
             broker.host, broker.port, broker.rack = host, port, rack
         return self.advertised_host, broker.proxy_port
 
@@ -68,18 +74,22 @@ class BrokerRegistry:
             try:
                 self._bind(broker)
             except OSError as exc:
-                log.warning("broker_port_unusable", port=proxy_port, node_id=node_id,
-                            error=str(exc))
+                log.warning(
+                    "broker_port_unusable", port=proxy_port, node_id=node_id, error=str(exc)
+                )
                 self._taken.add(proxy_port)
                 continue
             self._taken.add(proxy_port)
             self.by_node[node_id] = broker
-            log.info("broker_added", node_id=node_id, upstream=f"{host}:{port}", rack=rack,
-                     proxy_port=proxy_port)
+            log.info(
+                "broker_added",
+                node_id=node_id,
+                upstream=f"{host}:{port}",
+                rack=rack,
+                proxy_port=proxy_port,
+            )
             return broker
-        raise BrokerPortsExhausted(
-            f"no free port in broker_ports {self.ports} for node {node_id}"
-        )
+        raise BrokerPortsExhausted(f"no free port in broker_ports {self.ports} for node {node_id}")
 
     def get(self, node_id: int) -> Broker | None:
         return self.by_node.get(node_id)

@@ -6,20 +6,22 @@ import argparse
 import asyncio
 import signal
 import sys
+from typing import Any
 
 from proxy import __version__
 from proxy.config import ConfigError, load_config, summarize
 
 
-def _event_loop_runner(coro: object) -> None:
+def _event_loop_runner(coro: Any) -> int:
     import uvloop
 
-    uvloop.run(coro)  # type: ignore[arg-type]
+    result: int = uvloop.run(coro)
+    return result
 
 
 async def _serve(config_path: str) -> int:
     from proxy import logs
-    from proxy.server import run_proxy
+    from proxy.server import StartupError, run_proxy
 
     config = load_config(config_path)
     logs.configure(config.logging.format, config.logging.level)
@@ -27,7 +29,11 @@ async def _serve(config_path: str) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await run_proxy(config, stop)
+    try:
+        await run_proxy(config, stop)
+    except StartupError as exc:
+        print(f"kafka-quota-proxy: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -37,8 +43,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"invalid configuration:\n{exc}", file=sys.stderr)
         return 2
-    _event_loop_runner(_serve(args.config))
-    return 0
+    return _event_loop_runner(_serve(args.config))
 
 
 def _cmd_check_config(args: argparse.Namespace) -> int:
@@ -77,10 +82,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", metavar="FILE")
     p.set_defaults(func=_cmd_check_config)
 
-    p = sub.add_parser("demo", help="start a local tansu broker and the proxy, run a producer "
-                       "and a consumer through it, and show per-client rates")
-    p.add_argument("--seconds", type=float, default=0,
-                   help="stop after this many seconds (default: run until Ctrl-C)")
+    p = sub.add_parser(
+        "demo",
+        help="start a local tansu broker and the proxy, run a producer "
+        "and a consumer through it, and show per-client rates",
+    )
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=0,
+        help="stop after this many seconds (default: run until Ctrl-C)",
+    )
     p.add_argument("--rate", type=int, default=2000, help="messages per second to produce")
     p.set_defaults(func=_cmd_demo)
     return parser

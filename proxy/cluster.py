@@ -38,8 +38,14 @@ def _encode_request(api_key: int, version: int, correlation_id: int, **fields: A
     return INT32.pack(len(frame)) + frame
 
 
-async def _roundtrip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     api_key: int, version: int, correlation_id: int, **fields: Any) -> bytes:
+async def _roundtrip(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    api_key: int,
+    version: int,
+    correlation_id: int,
+    **fields: Any,
+) -> bytes:
     writer.write(_encode_request(api_key, version, correlation_id, **fields))
     await writer.drain()
     size = INT32.unpack(await reader.readexactly(4))[0]
@@ -47,7 +53,7 @@ async def _roundtrip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
     header = parse_response_header(frame, 0, size, apis.response_header_version(api_key, version))
     if header.correlation_id != correlation_id:
         raise ConnectionError("unexpected correlation id from broker")
-    return frame[header.size:]
+    return frame[header.size :]
 
 
 def _max_version(body: bytes, api_key: int) -> int:
@@ -68,16 +74,25 @@ async def fetch_brokers(host: str, port: int, timeout: float) -> list[BrokerInfo
             versions = await _roundtrip(reader, writer, ApiKey.API_VERSIONS, 0, 1)
             if INT16.unpack_from(versions, 0)[0] != 0:
                 raise ConnectionError("ApiVersions failed")
-            version = min(_max_version(versions, ApiKey.METADATA),
-                          apis.kio_version_range(ApiKey.METADATA)[1])
+            version = min(
+                _max_version(versions, ApiKey.METADATA), apis.kio_version_range(ApiKey.METADATA)[1]
+            )
             if version < 1:
                 raise ConnectionError("broker offers no usable Metadata version")
-            body = await _roundtrip(reader, writer, ApiKey.METADATA, version, 2, topics=(),
-                                    allow_auto_topic_creation=False,
-                                    include_cluster_authorized_operations=False,
-                                    include_topic_authorized_operations=False)
+            body = await _roundtrip(
+                reader,
+                writer,
+                ApiKey.METADATA,
+                version,
+                2,
+                topics=(),
+                allow_auto_topic_creation=False,
+                include_cluster_authorized_operations=False,
+                include_topic_authorized_operations=False,
+            )
             response = decode_response(ApiKey.METADATA, version, body)
     finally:
         writer.close()
-    return [BrokerInfo(b.node_id, b.host, b.port, getattr(b, "rack", None))
-            for b in response.brokers]
+    return [
+        BrokerInfo(b.node_id, b.host, b.port, getattr(b, "rack", None)) for b in response.brokers
+    ]

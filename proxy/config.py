@@ -80,7 +80,9 @@ class ListenersConfig(_Model):
     advertised_host: str = Field(
         min_length=1, description="Host written into every rewritten broker address."
     )
-    broker_ports: PortRange = Field(description="One proxy port per upstream broker, e.g. 9193-9292.")
+    broker_ports: PortRange = Field(
+        description="One proxy port per upstream broker, e.g. 9193-9292."
+    )
     broker_listen_host: str | None = Field(
         default=None,
         description="Address the per-broker listeners bind; defaults to the bootstrap host.",
@@ -95,14 +97,6 @@ class ListenersConfig(_Model):
     @classmethod
     def _parse_ports(cls, value: Any) -> PortRange:
         return PortRange.parse(value)
-
-    @model_validator(mode="after")
-    def _bootstrap_outside_broker_ports(self) -> ListenersConfig:
-        if self.bootstrap.port in self.broker_ports:
-            raise ValueError(
-                f"bootstrap port {self.bootstrap.port} lies inside broker_ports {self.broker_ports}"
-            )
-        return self
 
     @property
     def broker_host(self) -> str:
@@ -165,22 +159,56 @@ class ProxyConfig(_Model):
     logging: LoggingConfig = LoggingConfig()
     network: NetworkConfig = NetworkConfig()
 
-    @model_validator(mode="after")
-    def _metrics_port_free(self) -> ProxyConfig:
-        listen = self.metrics.listen
-        if listen is not None and (
-            listen.port in self.listeners.broker_ports
-            or (listen.port == self.listeners.bootstrap.port and _same_host(listen.host, self.listeners.bootstrap.host))
-        ):
-            raise ValueError(f"metrics.listen port {listen.port} collides with a proxy listener")
-        return self
+
+_WILDCARDS = {"", "0.0.0.0", "::", "*"}
 
 
-def _same_host(a: str, b: str) -> bool:
+def _addresses(host: str) -> set[str]:
+    if host == "localhost":
+        return {"127.0.0.1", "::1"}
     try:
-        return ipaddress.ip_address(a) == ipaddress.ip_address(b)
+        return {str(ipaddress.ip_address(host))}
     except ValueError:
-        return a == b
+        return {host}
+
+
+def _may_collide(a: str, b: str) -> bool:
+    """Whether two listen hosts can clash on the same port: the same address, either one a
+    wildcard, or ``localhost`` and a loopback address. Distinct addresses do not clash."""
+    if a in _WILDCARDS or b in _WILDCARDS:
+        return True
+    return bool(_addresses(a) & _addresses(b))
+
+
+def cross_checks(config: ProxyConfig) -> list[tuple[tuple[str, ...], str]]:
+    """Checks across fields, each reported at the field that has to change."""
+    problems: list[tuple[tuple[str, ...], str]] = []
+    listeners = config.listeners
+    if listeners.bootstrap.port in listeners.broker_ports and _may_collide(
+        listeners.bootstrap.host, listeners.broker_host
+    ):
+        problems.append(
+            (
+                ("listeners", "broker_ports"),
+                f"bootstrap port {listeners.bootstrap.port} lies inside broker_ports "
+                f"{listeners.broker_ports}",
+            )
+        )
+    listen = config.metrics.listen
+    if listen is not None and (
+        (listen.port in listeners.broker_ports and _may_collide(listen.host, listeners.broker_host))
+        or (
+            listen.port == listeners.bootstrap.port
+            and _may_collide(listen.host, listeners.bootstrap.host)
+        )
+    ):
+        problems.append(
+            (
+                ("metrics", "listen"),
+                f"metrics.listen port {listen.port} collides with a proxy listener",
+            )
+        )
+    return problems
 
 
 class ConfigError(Exception):
@@ -194,8 +222,13 @@ class ConfigError(Exception):
 # ---------------------------------------------------------------- YAML with positions
 
 
-def _positions(node: yaml.Node, path: tuple[Any, ...], out: dict[tuple[Any, ...], yaml.Mark],
-               errors: list[str], source: str) -> None:
+def _positions(
+    node: yaml.Node,
+    path: tuple[Any, ...],
+    out: dict[tuple[Any, ...], yaml.Mark],
+    errors: list[str],
+    source: str,
+) -> None:
     out.setdefault(path, node.start_mark)
     if isinstance(node, yaml.MappingNode):
         seen: set[Any] = set()
@@ -240,21 +273,32 @@ def parse_config(text: str, source: str = "<config>") -> ProxyConfig:
         raise ConfigError(errors)
     if not isinstance(data, dict):
         raise ConfigError([f"{source}:1:1: the configuration must be a YAML mapping"])
+
+    def report(loc: tuple[Any, ...], msg: str) -> None:
+        mark = _mark_for(loc, marks)
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        dotted = ".".join(str(p) for p in loc) or "(top level)"
+        errors.append(f"{where}: {dotted}: {msg}")
+
     try:
-        return ProxyConfig.model_validate(data)
+        config = ProxyConfig.model_validate(data)
     except ValidationError as exc:
         for err in exc.errors():
-            loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-            mark = _mark_for(loc, marks)
-            where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-            dotted = ".".join(str(p) for p in loc) or "(top level)"
+            loc = tuple(
+                p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-"))
+            )
             msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
                 msg = "unknown key"
             elif err["type"] == "missing":
                 msg = "required field is missing"
-            errors.append(f"{where}: {dotted}: {msg}")
+            report(loc, msg)
         raise ConfigError(errors) from None
+    for loc, msg in cross_checks(config):
+        report(loc, msg)
+    if errors:
+        raise ConfigError(errors)
+    return config
 
 
 def load_config(path: str | Path) -> ProxyConfig:
@@ -263,6 +307,10 @@ def load_config(path: str | Path) -> ProxyConfig:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError([f"{p}: cannot read: {exc.strerror or exc}"]) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            [f"{p}: cannot read: not UTF-8 text (byte {exc.start}: {exc.reason})"]
+        ) from None
     return parse_config(text, str(p))
 
 
@@ -270,7 +318,8 @@ def summarize(config: ProxyConfig) -> str:
     lines = [
         f"bootstrap listener : {config.listeners.bootstrap}",
         f"advertised host    : {config.listeners.advertised_host}",
-        f"broker ports       : {config.listeners.broker_ports} ({len(config.listeners.broker_ports)} brokers max)",
+        f"broker ports       : {config.listeners.broker_ports} "
+        f"({len(config.listeners.broker_ports)} brokers max)",
         f"upstream bootstrap : {', '.join(str(s) for s in config.upstream.bootstrap_servers)}",
         f"metrics            : {config.metrics.listen or 'off'}",
         f"max frame bytes    : {config.network.max_frame_bytes}",

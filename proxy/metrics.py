@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -15,8 +15,23 @@ from prometheus_client.registry import Collector
 
 from protocol.apis import api_name
 
-LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-                   2.5, 5.0, 10.0, 30.0)
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
 
 
 class ProxyStats:
@@ -34,7 +49,7 @@ class ProxyStats:
         self.latency_buckets: dict[int, list[int]] = {}  # api key -> counts per bucket (+Inf last)
         self.latency_sum: dict[int, float] = defaultdict(float)
         self.rewritten: dict[int, int] = defaultdict(int)
-        self.brokers_known = 0
+        self.brokers_known: Callable[[], int] = lambda: 0
 
     def observe_latency(self, api_key: int, seconds: float) -> None:
         buckets = self.latency_buckets.get(api_key)
@@ -57,43 +72,52 @@ class _Collector(Collector):
 
     def collect(self) -> Iterator[Any]:
         s = self.stats
-        g = GaugeMetricFamily("kafka_proxy_connections", "Open client connections",
-                              labels=["listener"])
+        g = GaugeMetricFamily(
+            "kafka_proxy_connections", "Open client connections", labels=["listener"]
+        )
         for k, v in s.connections_open.items():
             g.add_metric([k], v)
         yield g
-        c = CounterMetricFamily("kafka_proxy_connections_accepted", "Client connections accepted",
-                                labels=["listener"])
+        c = CounterMetricFamily(
+            "kafka_proxy_connections_accepted", "Client connections accepted", labels=["listener"]
+        )
         for k, v in s.connections_total.items():
             c.add_metric([k], v)
         yield c
-        c = CounterMetricFamily("kafka_proxy_connections_closed",
-                                "Client connections closed, by reason", labels=["reason"])
+        c = CounterMetricFamily(
+            "kafka_proxy_connections_closed",
+            "Client connections closed, by reason",
+            labels=["reason"],
+        )
         for k, v in s.closed.items():
             c.add_metric([k], v)
         yield c
-        for name, doc, data in (
+        counters: tuple[tuple[str, str, dict[int, int]], ...] = (
             ("kafka_proxy_requests", "Requests forwarded, by API", s.requests),
             ("kafka_proxy_request_bytes", "Request bytes forwarded, by API", s.request_bytes),
             ("kafka_proxy_response_bytes", "Response bytes forwarded, by API", s.response_bytes),
             ("kafka_proxy_responses_rewritten", "Responses rewritten, by API", s.rewritten),
-        ):
+        )
+        for name, doc, data in counters:
             c = CounterMetricFamily(name, doc, labels=["api"])
-            for k, v in sorted(data.items()):
-                c.add_metric([api_name(k)], v)
+            for key, v in sorted(data.items()):
+                c.add_metric([api_name(key)], v)
             yield c
-        h = HistogramMetricFamily("kafka_proxy_upstream_latency_seconds",
-                                  "Time from forwarding a request to its response arriving",
-                                  labels=["api"])
-        for k, counts in sorted(s.latency_buckets.items()):
-            cumulative, acc = [], 0
+        h = HistogramMetricFamily(
+            "kafka_proxy_upstream_latency_seconds",
+            "Time from forwarding a request to its response arriving",
+            labels=["api"],
+        )
+        for key, counts in sorted(s.latency_buckets.items()):
+            cumulative: list[tuple[str, float]] = []
+            acc = 0
             for bound, n in zip((*map(str, LATENCY_BUCKETS), "+Inf"), counts, strict=True):
                 acc += n
                 cumulative.append((bound, acc))
-            h.add_metric([api_name(k)], cumulative, s.latency_sum[k])
+            h.add_metric([api_name(key)], cumulative, s.latency_sum[key])
         yield h
         g = GaugeMetricFamily("kafka_proxy_upstream_brokers", "Upstream brokers known")
-        g.add_metric([], s.brokers_known)
+        g.add_metric([], s.brokers_known())
         yield g
 
 
@@ -114,11 +138,17 @@ async def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> as
             parts = request_line.decode("latin-1").split()
             if len(parts) >= 2 and parts[0] == "GET" and parts[1].split("?")[0] == "/metrics":
                 body = generate_latest(registry)
-                head = (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; "
-                        b"charset=utf-8\r\n")
+                head = (
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+                )
             else:
-                body, head = b"not found\n", b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\n"
-            writer.write(head + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
+                body, head = (
+                    b"not found\n",
+                    b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\n",
+                )
+            writer.write(
+                head + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body
+            )
             await writer.drain()
         except (TimeoutError, ConnectionError):
             pass

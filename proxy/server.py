@@ -28,12 +28,18 @@ log = get_logger("kafka_quota_proxy.server")
 BOOTSTRAP = "bootstrap"
 
 
+class StartupError(Exception):
+    """The proxy cannot start (for instance a listen address is in use)."""
+
+
 class Proxy:
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
         self.stats = ProxyStats()
-        self.registry = BrokerRegistry(config.listeners.advertised_host,
-                                       config.listeners.broker_ports, self._bind_broker)
+        self.registry = BrokerRegistry(
+            config.listeners.advertised_host, config.listeners.broker_ports, self._bind_broker
+        )
+        self.stats.brokers_known = lambda: len(self.registry)
         self.rewriter = ResponseRewriter(self.registry)
         self.connections: set[ProxiedConnection] = set()
         self.servers: dict[str, asyncio.AbstractServer] = {}
@@ -48,18 +54,37 @@ class Proxy:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         listen = self.config.listeners.bootstrap
-        self.servers[BOOTSTRAP] = await loop.create_server(
-            lambda: ProxiedConnection(self, BOOTSTRAP, self._bootstrap_targets),
-            listen.host, listen.port, reuse_address=True, backlog=1024,
-        )
+        try:
+            self.servers[BOOTSTRAP] = await loop.create_server(
+                lambda: ProxiedConnection(self, BOOTSTRAP, self._bootstrap_targets),
+                listen.host,
+                listen.port,
+                reuse_address=True,
+                backlog=1024,
+            )
+        except OSError as exc:
+            raise StartupError(
+                f"cannot listen on listeners.bootstrap {listen}: {exc.strerror or exc}"
+            ) from None
         if self.config.metrics.listen is not None:
             m = self.config.metrics.listen
-            self._metrics_server = await serve_metrics(make_registry(self.stats), m.host, m.port)
+            try:
+                self._metrics_server = await serve_metrics(
+                    make_registry(self.stats), m.host, m.port
+                )
+            except OSError as exc:
+                self.servers.pop(BOOTSTRAP).close()
+                raise StartupError(
+                    f"cannot listen on metrics.listen {m}: {exc.strerror or exc}"
+                ) from None
         self._spawn(self._refresh_loop())
-        log.info("proxy_started", bootstrap=str(listen),
-                 broker_ports=str(self.config.listeners.broker_ports),
-                 upstream=[str(s) for s in self.config.upstream.bootstrap_servers],
-                 metrics=str(self.config.metrics.listen) if self.config.metrics.listen else None)
+        log.info(
+            "proxy_started",
+            bootstrap=str(listen),
+            broker_ports=str(self.config.listeners.broker_ports),
+            upstream=[str(s) for s in self.config.upstream.bootstrap_servers],
+            metrics=str(self.config.metrics.listen) if self.config.metrics.listen else None,
+        )
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -96,10 +121,10 @@ class Proxy:
         async def serve() -> None:
             loop = asyncio.get_running_loop()
             self.servers[name] = await loop.create_server(
-                lambda: ProxiedConnection(self, name, targets), sock=sock, backlog=1024)
+                lambda: ProxiedConnection(self, name, targets), sock=sock, backlog=1024
+            )
 
         self._spawn(serve())
-        self.stats.brokers_known = len(self.registry) + 1
 
     async def refresh_brokers(self) -> bool:
         timeout = self.config.upstream.connect_timeout_seconds
@@ -107,8 +132,9 @@ class Proxy:
             try:
                 brokers = await fetch_brokers(target[0], target[1], timeout)
             except (OSError, TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
-                log.debug("metadata_refresh_failed", upstream=f"{target[0]}:{target[1]}",
-                          error=repr(exc))
+                log.debug(
+                    "metadata_refresh_failed", upstream=f"{target[0]}:{target[1]}", error=repr(exc)
+                )
                 continue
             for b in brokers:
                 self.registry.advertise(b.node_id, b.host, b.port, b.rack)
@@ -124,8 +150,10 @@ class Proxy:
             if ok:
                 delay = self.config.upstream.metadata_refresh_seconds
             else:
-                log.warning("cluster_unreachable",
-                            upstream=[str(s) for s in self.config.upstream.bootstrap_servers])
+                log.warning(
+                    "cluster_unreachable",
+                    upstream=[str(s) for s in self.config.upstream.bootstrap_servers],
+                )
                 delay = min(max(delay * 2, 0.25), self.config.upstream.metadata_refresh_seconds)
             await asyncio.sleep(delay)
 

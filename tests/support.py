@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -22,8 +23,9 @@ from proxy.embedded_broker import free_port, wait_for_port
 T = TypeVar("T")
 
 
-def wait_for(cond: Callable[[], T], timeout: float = 30.0, interval: float = 0.05,
-             what: str = "condition") -> T:
+def wait_for(
+    cond: Callable[[], T], timeout: float = 30.0, interval: float = 0.05, what: str = "condition"
+) -> T:
     """Poll ``cond`` until it returns something truthy; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -104,8 +106,11 @@ logging:
         log = open(self.log_path, "ab")  # noqa: SIM115
         self.process = subprocess.Popen(
             [sys.executable, "-m", "proxy", "run", "--config", str(self.config_path)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         log.close()
         wait_for_port("127.0.0.1", self.bootstrap_port, 20)
@@ -140,17 +145,17 @@ logging:
             return out
         for line in self.log_path.read_text(errors="replace").splitlines():
             if line.startswith("{"):
-                try:
+                with contextlib.suppress(json.JSONDecodeError):
                     out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass
         return out
 
     def closed_connections(self) -> list[dict[str, Any]]:
         return [e for e in self.events() if e.get("event") == "connection_closed"]
 
     def metrics(self) -> dict[str, float]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
+        ) as r:
             text = r.read().decode()
         values: dict[str, float] = {}
         for line in text.splitlines():
@@ -163,8 +168,9 @@ logging:
 class KafkaWire:
     """A tiny blocking Kafka client speaking raw frames, for probing the proxy."""
 
-    def __init__(self, host: str, port: int, client_id: str = "wire-probe",
-                 timeout: float = 10.0) -> None:
+    def __init__(
+        self, host: str, port: int, client_id: str = "wire-probe", timeout: float = 10.0
+    ) -> None:
         self.sock = socket.create_connection((host, port), timeout=timeout)
         self.client_id = client_id
         self._correlation = 0
@@ -234,7 +240,7 @@ class KafkaWire:
             hv = 0
         header = parse_response_header(frame, 0, size, hv)
         assert header.correlation_id == self._correlation
-        body = frame[header.size:]
+        body = frame[header.size :]
         if api_key == 18 and int.from_bytes(body[:2], "big", signed=True) == 35:
             return decode_response(api_key, 0, body)
         return decode_response(api_key, version, body)

@@ -15,8 +15,13 @@ pytestmark = pytest.mark.e2e
 
 
 def _metadata_ok(wire: KafkaWire, proxy: ProxyProcess) -> None:
-    response = wire.request(3, 12, topics=None, allow_auto_topic_creation=False,
-                            include_topic_authorized_operations=False)
+    response = wire.request(
+        3,
+        12,
+        topics=None,
+        allow_auto_topic_creation=False,
+        include_topic_authorized_operations=False,
+    )
     assert [b.port for b in response.brokers] == [proxy.broker_port(111)]
 
 
@@ -29,16 +34,19 @@ CASES = {
     "oversized_size": (struct.pack(">i", 200 * 1024 * 1024), "frame_too_large"),
     "garbage": (b"\x47\x45\x54 / HTTP/1.1\r\nHost: x\r\n\r\n", "frame_too_large"),
     "garbage_small_size": (_frame(b"\xff" * 3), "malformed_frame"),
-    "unknown_api_key": (_frame(encode_request_header(9999, 0, 1, "bad") + b"\x00" * 8),
-                        "unknown_api_key"),
+    "unknown_api_key": (
+        _frame(encode_request_header(9999, 0, 1, "bad") + b"\x00" * 8),
+        "unknown_api_key",
+    ),
     "inter_broker_api_key": (_frame(encode_request_header(4, 0, 1, "bad")), "unknown_api_key"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("listener", ["bootstrap", "broker"])
-def test_bad_frame_closes_only_its_connection(proxy: ProxyProcess, case: str,
-                                              listener: str) -> None:
+def test_bad_frame_closes_only_its_connection(
+    proxy: ProxyProcess, case: str, listener: str
+) -> None:
     data, reason = CASES[case]
     port = proxy.bootstrap_port if listener == "bootstrap" else proxy.broker_port(111)
     before = proxy.metrics().get(f'kafka_proxy_connections_closed_total{{reason="{reason}"}}', 0)
@@ -47,8 +55,14 @@ def test_bad_frame_closes_only_its_connection(proxy: ProxyProcess, case: str,
         bad.send_raw(data)
         assert bad.is_closed_by_peer(10), "the bad connection stayed open"
         _metadata_ok(good, proxy)  # the other connection carries on
-    wait_for(lambda: any(e["reason"] == reason and e.get("offender") == "client"
-                         for e in proxy.closed_connections()), 10, what=f"logged {reason}")
+    wait_for(
+        lambda: any(
+            e["reason"] == reason and e.get("offender") == "client"
+            for e in proxy.closed_connections()
+        ),
+        10,
+        what=f"logged {reason}",
+    )
     after = proxy.metrics()[f'kafka_proxy_connections_closed_total{{reason="{reason}"}}']
     assert after >= before + 1
     assert proxy.alive
@@ -63,8 +77,11 @@ def test_truncated_frame_is_logged(proxy: ProxyProcess) -> None:
         assert bad.is_closed_by_peer(10)
         bad.close()
         _metadata_ok(good, proxy)
-    wait_for(lambda: any(e["reason"] == "truncated_frame" for e in proxy.closed_connections()),
-             10, what="logged truncated_frame")
+    wait_for(
+        lambda: any(e["reason"] == "truncated_frame" for e in proxy.closed_connections()),
+        10,
+        what="logged truncated_frame",
+    )
 
 
 def test_real_client_unaffected_by_bad_neighbours(proxy: ProxyProcess) -> None:

@@ -24,16 +24,18 @@ def _create_topic(bootstrap: str, name: str, partitions: int) -> None:
     wait_for(lambda: name in admin.list_topics(timeout=10).topics, 20, what=f"topic {name}")
 
 
-def _assert_proxy_addresses(brokers: dict[int, tuple[str, int]], proxy: ProxyProcess,
-                            tansu: TansuBroker) -> None:
+def _assert_proxy_addresses(
+    brokers: dict[int, tuple[str, int]], proxy: ProxyProcess, tansu: TansuBroker
+) -> None:
     assert brokers, "no brokers in metadata"
     for node_id, (host, port) in brokers.items():
         assert (host, port) == ("127.0.0.1", proxy.broker_port(node_id))
         assert port != tansu.port
 
 
-def test_admin_creates_topic_and_sees_only_proxy_addresses(proxy: ProxyProcess,
-                                                           tansu: TansuBroker) -> None:
+def test_admin_creates_topic_and_sees_only_proxy_addresses(
+    proxy: ProxyProcess, tansu: TansuBroker
+) -> None:
     name = f"admin-{uuid.uuid4().hex[:8]}"
     _create_topic(proxy.bootstrap, name, 4)
     admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
@@ -45,15 +47,21 @@ def test_admin_creates_topic_and_sees_only_proxy_addresses(proxy: ProxyProcess,
     assert cluster.controller is None or cluster.controller.port != tansu.port
 
 
-def test_confluent_idempotent_producer_and_consumer_group(proxy: ProxyProcess,
-                                                          tansu: TansuBroker) -> None:
+def test_confluent_idempotent_producer_and_consumer_group(
+    proxy: ProxyProcess, tansu: TansuBroker
+) -> None:
     topic = f"cf-{uuid.uuid4().hex[:8]}"
     _create_topic(proxy.bootstrap, topic, 3)
     n = 60_000
-    producer = Producer({
-        "bootstrap.servers": proxy.bootstrap, "acks": "all", "enable.idempotence": True,
-        "client.id": "e2e-confluent-producer", "linger.ms": 5,
-    })
+    producer = Producer(
+        {
+            "bootstrap.servers": proxy.bootstrap,
+            "acks": "all",
+            "enable.idempotence": True,
+            "client.id": "e2e-confluent-producer",
+            "linger.ms": 5,
+        }
+    )
     delivered: list[bytes] = []
     errors: list[KafkaError] = []
 
@@ -66,8 +74,9 @@ def test_confluent_idempotent_producer_and_consumer_group(proxy: ProxyProcess,
     for i in range(n):
         while True:
             try:
-                producer.produce(topic, key=str(i % 97).encode(), value=b"cf-%08d" % i,
-                                 on_delivery=on_delivery)
+                producer.produce(
+                    topic, key=str(i % 97).encode(), value=b"cf-%08d" % i, on_delivery=on_delivery
+                )
                 break
             except BufferError:
                 producer.poll(0.05)
@@ -77,11 +86,15 @@ def test_confluent_idempotent_producer_and_consumer_group(proxy: ProxyProcess,
     assert not errors, errors[:5]
     assert len(delivered) == n
 
-    consumer = Consumer({
-        "bootstrap.servers": proxy.bootstrap, "group.id": f"g-{topic}",
-        "auto.offset.reset": "earliest", "client.id": "e2e-confluent-consumer",
-        "enable.auto.commit": True,
-    })
+    consumer = Consumer(
+        {
+            "bootstrap.servers": proxy.bootstrap,
+            "group.id": f"g-{topic}",
+            "auto.offset.reset": "earliest",
+            "client.id": "e2e-confluent-consumer",
+            "enable.auto.commit": True,
+        }
+    )
     try:
         consumer.subscribe([topic])
         seen: list[bytes] = []
@@ -96,8 +109,7 @@ def test_confluent_idempotent_producer_and_consumer_group(proxy: ProxyProcess,
         assignment = consumer.assignment()
         assert {tp.partition for tp in assignment} == {0, 1, 2}
         md = consumer.list_topics(topic, timeout=10)
-        _assert_proxy_addresses({b.id: (b.host, b.port) for b in md.brokers.values()}, proxy,
-                                tansu)
+        _assert_proxy_addresses({b.id: (b.host, b.port) for b in md.brokers.values()}, proxy, tansu)
     finally:
         consumer.close()
 
@@ -109,12 +121,17 @@ async def test_aiokafka_produce_and_consume(proxy: ProxyProcess, tansu: TansuBro
     topic = f"aio-{uuid.uuid4().hex[:8]}"
     _create_topic(proxy.bootstrap, topic, 2)
     n = 20_000
-    producer = AIOKafkaProducer(bootstrap_servers=proxy.bootstrap, acks="all",
-                                client_id="e2e-aiokafka-producer", linger_ms=5)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=proxy.bootstrap,
+        acks="all",
+        client_id="e2e-aiokafka-producer",
+        linger_ms=5,
+    )
     await producer.start()
     try:
-        futures = [await producer.send(topic, value=b"aio-%08d" % i, partition=i % 2)
-                   for i in range(n)]
+        futures = [
+            await producer.send(topic, value=b"aio-%08d" % i, partition=i % 2) for i in range(n)
+        ]
         results = await asyncio.gather(*futures)
         assert len(results) == n
         brokers = {b.nodeId: (b.host, b.port) for b in producer.client.cluster.brokers()}
@@ -122,8 +139,12 @@ async def test_aiokafka_produce_and_consume(proxy: ProxyProcess, tansu: TansuBro
     finally:
         await producer.stop()
 
-    consumer = AIOKafkaConsumer(bootstrap_servers=proxy.bootstrap, client_id="e2e-aio-consumer",
-                                enable_auto_commit=False, auto_offset_reset="earliest")
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=proxy.bootstrap,
+        client_id="e2e-aio-consumer",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
     await consumer.start()
     try:
         consumer.assign([AioTP(topic, 0), AioTP(topic, 1)])
@@ -154,8 +175,9 @@ def test_kafka_python_produce_and_consume(proxy: ProxyProcess, tansu: TansuBroke
     finally:
         admin.close()
     n = 20_000
-    producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, acks="all",
-                             client_id="e2e-kp-producer", linger_ms=5)
+    producer = KafkaProducer(
+        bootstrap_servers=proxy.bootstrap, acks="all", client_id="e2e-kp-producer", linger_ms=5
+    )
     try:
         futures = [producer.send(topic, value=b"kp-%08d" % i, partition=i % 2) for i in range(n)]
         producer.flush(60)
@@ -166,9 +188,13 @@ def test_kafka_python_produce_and_consume(proxy: ProxyProcess, tansu: TansuBroke
     finally:
         producer.close()
 
-    consumer = KafkaConsumer(bootstrap_servers=proxy.bootstrap, client_id="e2e-kp-consumer",
-                             enable_auto_commit=False, auto_offset_reset="earliest",
-                             consumer_timeout_ms=120_000)
+    consumer = KafkaConsumer(
+        bootstrap_servers=proxy.bootstrap,
+        client_id="e2e-kp-consumer",
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=120_000,
+    )
     try:
         consumer.assign([KPTP(topic, 0), KPTP(topic, 1)])
         consumer.seek_to_beginning()
@@ -191,8 +217,9 @@ def test_confluent_assigned_consumer_reads_every_partition(proxy: ProxyProcess) 
     for i in range(n):
         producer.produce(topic, value=b"as-%06d" % i, partition=i % 3)
     assert producer.flush(30) == 0
-    consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": "unused",
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {"bootstrap.servers": proxy.bootstrap, "group.id": "unused", "enable.auto.commit": False}
+    )
     try:
         consumer.assign([TopicPartition(topic, p, 0) for p in range(3)])
         seen: set[bytes] = set()

@@ -23,8 +23,9 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture
 def own_tansu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TansuBroker]:
-    broker = TansuBroker(port=free_port(),
-                         log_path=str(tmp_path_factory.mktemp("tansu") / "t.log")).start()
+    broker = TansuBroker(
+        port=free_port(), log_path=str(tmp_path_factory.mktemp("tansu") / "t.log")
+    ).start()
     yield broker
     broker.stop()
 
@@ -50,8 +51,9 @@ def _create_topic(bootstrap: str, name: str) -> None:
     wait_for(created, 30, interval=0.5, what=f"topic {name} created")
 
 
-def test_proxy_survives_broker_restart_and_clients_finish(own_proxy: ProxyProcess,
-                                                          own_tansu: TansuBroker) -> None:
+def test_proxy_survives_broker_restart_and_clients_finish(
+    own_proxy: ProxyProcess, own_tansu: TansuBroker
+) -> None:
     topic = f"restart-{uuid.uuid4().hex[:6]}"
     _create_topic(own_proxy.bootstrap, topic)
     errors: list[KafkaError] = []
@@ -63,12 +65,25 @@ def test_proxy_survives_broker_restart_and_clients_finish(own_proxy: ProxyProces
         else:
             delivered.append(msg.value())  # type: ignore[attr-defined]
 
-    producer = Producer({"bootstrap.servers": own_proxy.bootstrap, "acks": "all",
-                         "message.timeout.ms": 120_000, "linger.ms": 5,
-                         "reconnect.backoff.max.ms": 500, "topic.metadata.refresh.interval.ms": 1000})
-    consumer = Consumer({"bootstrap.servers": own_proxy.bootstrap, "group.id": "restart",
-                         "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                         "reconnect.backoff.max.ms": 500})
+    producer = Producer(
+        {
+            "bootstrap.servers": own_proxy.bootstrap,
+            "acks": "all",
+            "message.timeout.ms": 120_000,
+            "linger.ms": 5,
+            "reconnect.backoff.max.ms": 500,
+            "topic.metadata.refresh.interval.ms": 1000,
+        }
+    )
+    consumer = Consumer(
+        {
+            "bootstrap.servers": own_proxy.bootstrap,
+            "group.id": "restart",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "reconnect.backoff.max.ms": 500,
+        }
+    )
     try:
         for i in range(1000):
             producer.produce(topic, value=b"before-%05d" % i, on_delivery=on_delivery)
@@ -81,9 +96,14 @@ def test_proxy_survives_broker_restart_and_clients_finish(own_proxy: ProxyProces
         assert got == 1000
 
         own_tansu.stop()
-        wait_for(lambda: any(e["reason"] in ("upstream_closed", "upstream_error")
-                             for e in own_proxy.closed_connections()), 20,
-                 what="client connections closed after the broker went away")
+        wait_for(
+            lambda: any(
+                e["reason"] in ("upstream_closed", "upstream_error")
+                for e in own_proxy.closed_connections()
+            ),
+            20,
+            what="client connections closed after the broker went away",
+        )
         assert own_proxy.alive
         # While the broker is down, a new connection to its port is refused cleanly.
         with KafkaWire("127.0.0.1", own_proxy.broker_port(111)) as wire:
@@ -114,22 +134,37 @@ def test_proxy_survives_broker_restart_and_clients_finish(own_proxy: ProxyProces
         consumer.close()
 
 
-def test_sigterm_lets_in_flight_requests_finish(own_proxy: ProxyProcess,
-                                                own_tansu: TansuBroker) -> None:
+def test_sigterm_lets_in_flight_requests_finish(
+    own_proxy: ProxyProcess, own_tansu: TansuBroker
+) -> None:
     topic = f"drain-{uuid.uuid4().hex[:6]}"
     _create_topic(own_proxy.bootstrap, topic)
     with KafkaWire("127.0.0.1", own_proxy.broker_port(111)) as wire:
         # A long-poll Fetch on an empty partition: the broker holds it for max_wait.
         frame = wire.encode(
-            1, 12, max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=2000)),
-            min_bytes=1, topics=(FetchTopic(topic=topic, partitions=(
-                FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20),)),),
-            forgotten_topics_data=())
+            1,
+            12,
+            max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=2000)),
+            min_bytes=1,
+            topics=(
+                FetchTopic(
+                    topic=topic,
+                    partitions=(
+                        FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20),
+                    ),
+                ),
+            ),
+            forgotten_topics_data=(),
+        )
         sent = time.monotonic()
         wire.send_raw(frame)
-        wait_for(lambda: own_proxy.metrics().get('kafka_proxy_requests_total{api="fetch"}', 0)
-                 >= 1, 10, what="fetch forwarded")
+        wait_for(
+            lambda: own_proxy.metrics().get('kafka_proxy_requests_total{api="fetch"}', 0) >= 1,
+            10,
+            what="fetch forwarded",
+        )
         own_proxy.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+
         # New connections are refused once shutdown has begun.
         def refused() -> bool:
             try:
@@ -137,6 +172,7 @@ def test_sigterm_lets_in_flight_requests_finish(own_proxy: ProxyProcess,
             except OSError:
                 return True
             return False
+
         wait_for(refused, 10, what="listeners closed")
         size = int.from_bytes(wire.recv_exactly(4), "big")
         response = wire.recv_exactly(size)

@@ -18,8 +18,7 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def offered(proxy: ProxyProcess) -> dict[int, tuple[int, int]]:
     with KafkaWire("127.0.0.1", proxy.bootstrap_port) as wire:
-        response = wire.request(18, 3, client_software_name="probe",
-                                client_software_version="1")
+        response = wire.request(18, 3, client_software_name="probe", client_software_version="1")
     assert response.error_code == 0
     return {k.api_key: (k.min_version, k.max_version) for k in response.api_keys}
 
@@ -28,8 +27,7 @@ def offered(proxy: ProxyProcess) -> dict[int, tuple[int, int]]:
 def broker_offered(tansu: TansuBroker) -> dict[int, tuple[int, int]]:
     host, port = tansu.bootstrap.split(":")
     with KafkaWire(host, int(port)) as wire:
-        response = wire.request(18, 3, client_software_name="probe",
-                                client_software_version="1")
+        response = wire.request(18, 3, client_software_name="probe", client_software_version="1")
     return {k.api_key: (k.min_version, k.max_version) for k in response.api_keys}
 
 
@@ -63,10 +61,14 @@ def test_metadata_every_version_has_proxy_addresses(
     assert len(versions) >= 5
     with KafkaWire("127.0.0.1", proxy.bootstrap_port) as wire:
         for v in versions:
-            response = wire.request(3, v, topics=None if v >= 1 else (),
-                                    allow_auto_topic_creation=False,
-                                    include_cluster_authorized_operations=False,
-                                    include_topic_authorized_operations=False)
+            response = wire.request(
+                3,
+                v,
+                topics=None if v >= 1 else (),
+                allow_auto_topic_creation=False,
+                include_cluster_authorized_operations=False,
+                include_topic_authorized_operations=False,
+            )
             assert response.brokers, f"Metadata v{v}: no brokers"
             for b in response.brokers:
                 assert (b.host, b.port) == ("127.0.0.1", proxy.broker_port(b.node_id)), v
@@ -91,7 +93,9 @@ def test_find_coordinator_every_version_has_proxy_addresses(
             else:
                 assert response.error_code == 0, (v, response)
                 assert (response.host, response.port) == (
-                    "127.0.0.1", proxy.broker_port(response.node_id))
+                    "127.0.0.1",
+                    proxy.broker_port(response.node_id),
+                )
             assert f"port={tansu.port}" not in str(response)
 
 
@@ -102,8 +106,13 @@ def test_describe_cluster_every_version_has_proxy_addresses(
         pytest.skip("broker does not offer DescribeCluster")
     with KafkaWire("127.0.0.1", proxy.bootstrap_port) as wire:
         for v in _versions(offered, 60):
-            response = wire.request(60, v, include_cluster_authorized_operations=False,
-                                    endpoint_type=1, include_fenced_brokers=False)
+            response = wire.request(
+                60,
+                v,
+                include_cluster_authorized_operations=False,
+                endpoint_type=1,
+                include_fenced_brokers=False,
+            )
             assert response.brokers
             for b in response.brokers:
                 assert (b.host, b.port) == ("127.0.0.1", proxy.broker_port(b.broker_id)), v
@@ -112,9 +121,16 @@ def test_describe_cluster_every_version_has_proxy_addresses(
 def test_pipelined_requests_keep_order(proxy: ProxyProcess) -> None:
     """Many requests in flight on one connection come back in order, each rewritten."""
     with KafkaWire("127.0.0.1", proxy.bootstrap_port) as wire:
-        frames = [wire.encode(3, 12, topics=None, allow_auto_topic_creation=False,
-                              include_topic_authorized_operations=False)
-                  for _ in range(50)]
+        frames = [
+            wire.encode(
+                3,
+                12,
+                topics=None,
+                allow_auto_topic_creation=False,
+                include_topic_authorized_operations=False,
+            )
+            for _ in range(50)
+        ]
         wire.send_raw(b"".join(frames))
         from protocol.headers import parse_response_header
         from protocol.rewrite import decode_response
@@ -124,5 +140,5 @@ def test_pipelined_requests_keep_order(proxy: ProxyProcess) -> None:
             frame = wire.recv_exactly(size)
             header = parse_response_header(frame, 0, size, 1)
             assert header.correlation_id == i + 1
-            response = decode_response(3, 12, frame[header.size:])
+            response = decode_response(3, 12, frame[header.size :])
             assert all(b.port == proxy.broker_port(b.node_id) for b in response.brokers)

@@ -1,0 +1,605 @@
+"""The YAML configuration loader: values and defaults, the shipped example configurations, and
+the positioned error messages (``FILE:LINE:COL: dotted.path: message``)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from proxy.config import (
+    DEFAULT_MAX_FRAME_BYTES,
+    ConfigError,
+    HostPort,
+    PortRange,
+    ProxyConfig,
+    load_config,
+    parse_config,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+SOURCE = "test.yaml"
+ERROR_LINE = re.compile(r"^(?P<file>.+?):(?P<line>\d+):(?P<col>\d+): (?P<path>[^:]+): (?P<msg>.+)$")
+
+MINIMAL = """\
+listeners:
+  bootstrap: "127.0.0.1:9192"     # where clients bootstrap
+  advertised_host: "127.0.0.1"    # host written into rewritten broker addresses
+  broker_ports: "9193-9292"       # one port per upstream broker
+upstream:
+  bootstrap_servers: ["127.0.0.1:9092"]
+metrics:
+  listen: "127.0.0.1:9102"        # optional; GET /metrics
+"""
+
+# A valid base; error tests append to it or edit it. Line numbers:
+#   1 listeners:  2 bootstrap  3 advertised_host  4 broker_ports  5 upstream:  6 bootstrap_servers
+BASE = """\
+listeners:
+  bootstrap: "127.0.0.1:9192"
+  advertised_host: "127.0.0.1"
+  broker_ports: "9193-9292"
+upstream:
+  bootstrap_servers: ["127.0.0.1:9092"]
+"""
+
+
+def errors_of(text: str, source: str = SOURCE) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, source)
+    assert info.value.errors, "ConfigError without error lines"
+    assert str(info.value) == "\n".join(info.value.errors)
+    return info.value.errors
+
+
+def single_error(text: str) -> dict[str, Any]:
+    """Parse the one expected error line into its parts (line and col as ints)."""
+    errors = errors_of(text)
+    assert len(errors) == 1, errors
+    m = ERROR_LINE.match(errors[0])
+    assert m, f"not FILE:LINE:COL: path: message: {errors[0]!r}"
+    d: dict[str, Any] = m.groupdict()
+    d["line"], d["col"] = int(d["line"]), int(d["col"])
+    assert d["file"] == SOURCE
+    return d
+
+
+def check_config(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "proxy", "check-config", str(path)],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+    )
+
+
+def k8s_configmap_config() -> str:
+    docs = [d for d in yaml.safe_load_all((DEPLOY / "kubernetes.yaml").read_text()) if d]
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    text: str = cm["data"]["config.yaml"]
+    return text
+
+
+# ------------------------------------------------------------------ values and defaults
+
+
+def test_minimal_form_values_and_defaults() -> None:
+    cfg = parse_config(MINIMAL, SOURCE)
+    assert isinstance(cfg, ProxyConfig)
+    assert cfg.listeners.bootstrap == HostPort("127.0.0.1", 9192)
+    assert cfg.listeners.advertised_host == "127.0.0.1"
+    assert cfg.listeners.broker_ports == PortRange(9193, 9292)
+    assert len(cfg.listeners.broker_ports) == 100
+    assert 9193 in cfg.listeners.broker_ports and 9292 in cfg.listeners.broker_ports
+    assert 9192 not in cfg.listeners.broker_ports and 9293 not in cfg.listeners.broker_ports
+    assert cfg.listeners.broker_listen_host is None
+    assert cfg.listeners.broker_host == "127.0.0.1"  # defaults to the bootstrap host
+    assert cfg.upstream.bootstrap_servers == [HostPort("127.0.0.1", 9092)]
+    assert cfg.metrics.listen == HostPort("127.0.0.1", 9102)
+    # defaults
+    assert cfg.upstream.connect_timeout_seconds == 10.0
+    assert cfg.upstream.metadata_refresh_seconds == 30.0
+    assert cfg.logging.format == "json"
+    assert cfg.logging.level == "info"
+    assert cfg.network.max_frame_bytes == DEFAULT_MAX_FRAME_BYTES == 100 * 1024 * 1024
+    assert cfg.network.write_buffer_high_bytes == 4 * 1024 * 1024
+    assert cfg.network.write_buffer_low_bytes == 1024 * 1024
+    assert cfg.network.shutdown_timeout_seconds == 30.0
+
+
+def test_metrics_is_optional() -> None:
+    cfg = parse_config(BASE, SOURCE)
+    assert cfg.metrics.listen is None
+    cfg = parse_config(BASE + "metrics:\n  listen: null\n", SOURCE)
+    assert cfg.metrics.listen is None
+
+
+def test_config_is_frozen() -> None:
+    cfg = parse_config(MINIMAL, SOURCE)
+    with pytest.raises(ValidationError, match="frozen"):
+        cfg.listeners.advertised_host = "elsewhere"
+
+
+def test_alternative_spellings() -> None:
+    text = BASE.replace('"9193-9292"', "9300").replace(
+        '["127.0.0.1:9092"]', '"kafka-1:9092, kafka-2:9092,"'
+    ).replace('"127.0.0.1:9192"', '"[::1]:9192"')
+    cfg = parse_config(text, SOURCE)
+    assert cfg.listeners.bootstrap == HostPort("::1", 9192)
+    assert str(cfg.listeners.bootstrap) == "[::1]:9192"
+    assert cfg.listeners.broker_ports == PortRange(9300, 9300)
+    assert [str(s) for s in cfg.upstream.bootstrap_servers] == ["kafka-1:9092", "kafka-2:9092"]
+
+
+def test_every_key_overridable() -> None:
+    text = textwrap.dedent("""\
+        listeners:
+          bootstrap: "127.0.0.1:9192"
+          advertised_host: "127.0.0.1"
+          broker_ports: "9193-9292"
+          broker_listen_host: "0.0.0.0"
+        upstream:
+          bootstrap_servers: ["127.0.0.1:9092"]
+          connect_timeout_seconds: 2.5
+          metadata_refresh_seconds: 5
+        logging:
+          format: console
+          level: debug
+        network:
+          max_frame_bytes: 1048576
+          write_buffer_high_bytes: 65536
+          write_buffer_low_bytes: 65536
+          shutdown_timeout_seconds: 0
+        """)
+    cfg = parse_config(text, SOURCE)
+    assert cfg.listeners.broker_host == "0.0.0.0"
+    assert cfg.upstream.connect_timeout_seconds == 2.5
+    assert cfg.upstream.metadata_refresh_seconds == 5.0
+    assert (cfg.logging.format, cfg.logging.level) == ("console", "debug")
+    assert cfg.network.max_frame_bytes == 1048576
+    assert cfg.network.write_buffer_high_bytes == cfg.network.write_buffer_low_bytes == 65536
+    assert cfg.network.shutdown_timeout_seconds == 0
+
+
+# ------------------------------------------------------------------ shipped configurations
+
+
+def test_minimal_yaml_file_is_exactly_the_documented_form() -> None:
+    assert (DEPLOY / "config.minimal.yaml").read_text() == MINIMAL
+
+
+def test_example_config_values() -> None:
+    cfg = load_config(DEPLOY / "config.example.yaml")
+    assert cfg.listeners.bootstrap == HostPort("0.0.0.0", 9192)
+    assert cfg.listeners.advertised_host == "kafka-proxy.example.internal"
+    assert cfg.listeners.broker_ports == PortRange(9193, 9292)
+    assert cfg.listeners.broker_listen_host == "0.0.0.0"
+    assert len(cfg.upstream.bootstrap_servers) == 3
+    assert cfg.metrics.listen == HostPort("0.0.0.0", 9102)
+
+
+def test_example_config_sets_every_key() -> None:
+    """The example documents every section and every key: it sets each model field."""
+    data = yaml.safe_load((DEPLOY / "config.example.yaml").read_text())
+    assert set(data) == set(ProxyConfig.model_fields)
+    for section, value in data.items():
+        model = ProxyConfig.model_fields[section].annotation
+        assert set(value) == set(model.model_fields), section  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("name", ["config.example.yaml", "config.minimal.yaml", "kubernetes.yaml"])
+def test_shipped_config_parses(name: str) -> None:
+    text = k8s_configmap_config() if name == "kubernetes.yaml" else (DEPLOY / name).read_text()
+    cfg = parse_config(text, name)
+    assert cfg.upstream.bootstrap_servers
+
+
+@pytest.mark.parametrize("name", ["config.example.yaml", "config.minimal.yaml", "kubernetes.yaml"])
+def test_shipped_config_passes_check_config(name: str, tmp_path: Path) -> None:
+    if name == "kubernetes.yaml":
+        path = tmp_path / "k8s-config.yaml"
+        path.write_text(k8s_configmap_config())
+    else:
+        path = DEPLOY / name
+    proc = check_config(path)
+    assert proc.returncode == 0, proc.stderr
+    assert "valid" in proc.stdout
+    assert f"{path}: configuration is valid" in proc.stdout
+    assert "bootstrap listener" in proc.stdout  # the summary follows
+
+
+def test_kubernetes_manifest_matches_its_config() -> None:
+    docs = [d for d in yaml.safe_load_all((DEPLOY / "kubernetes.yaml").read_text()) if d]
+    kinds = {d["kind"]: d for d in docs}
+    assert set(kinds) == {"ConfigMap", "Deployment", "Service"}
+    cfg = parse_config(k8s_configmap_config(), "kubernetes.yaml")
+    assert cfg.listeners.broker_ports == PortRange(9193, 9202)
+    assert cfg.metrics.listen is not None
+    wanted = {
+        cfg.listeners.bootstrap.port,
+        cfg.metrics.listen.port,
+        *range(cfg.listeners.broker_ports.first, cfg.listeners.broker_ports.last + 1),
+    }
+    assert len(wanted) == 12
+
+    deployment, service = kinds["Deployment"], kinds["Service"]
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert {p["containerPort"] for p in container["ports"]} == wanted
+    assert {p["port"] for p in service["spec"]["ports"]} == wanted
+    assert all(p["port"] == p["targetPort"] for p in service["spec"]["ports"])
+    names = [p["name"] for p in service["spec"]["ports"]]
+    assert len(set(names)) == len(names) and all(len(n) <= 15 for n in names)
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+
+    assert deployment["spec"]["replicas"] == 1
+    assert pod["terminationGracePeriodSeconds"] > cfg.network.shutdown_timeout_seconds
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["readinessProbe"]["tcpSocket"]["port"] == "bootstrap"
+    assert container["livenessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    assert mounts["/etc/kafka-quota-proxy"] == "config"
+    assert container["args"] == ["run", "--config", "/etc/kafka-quota-proxy/config.yaml"]
+
+
+def test_dockerfile_matches_example_config() -> None:
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    cfg = load_config(DEPLOY / "config.example.yaml")
+    assert cfg.metrics.listen is not None
+    expose = next(line for line in dockerfile.splitlines() if line.startswith("EXPOSE "))
+    assert expose.split()[1:] == [
+        f"{cfg.listeners.bootstrap.port}/tcp",
+        f"{cfg.listeners.broker_ports}/tcp",
+        f"{cfg.metrics.listen.port}/tcp",
+    ]
+    assert 'ENTRYPOINT ["kafka-quota-proxy"]' in dockerfile
+    assert 'CMD ["run", "--config", "/etc/kafka-quota-proxy/config.yaml"]' in dockerfile
+    assert "STOPSIGNAL SIGTERM" in dockerfile
+    assert re.search(r"^FROM python:3\.11-slim|^ARG PYTHON_IMAGE=python:3\.11-slim$",
+                     dockerfile, re.M)
+    assert re.search(r"^USER (?!0|root)\S+", dockerfile, re.M)
+
+
+# ------------------------------------------------------------------ errors
+
+
+def test_unknown_key_nested() -> None:
+    text = BASE.replace('  broker_ports: "9193-9292"\n',
+                        '  broker_ports: "9193-9292"\n  advertized_host: "typo"\n')
+    e = single_error(text)
+    assert (e["line"], e["col"]) == (5, 3)
+    assert e["path"] == "listeners.advertized_host"
+    assert e["msg"] == "unknown key"
+
+
+def test_unknown_key_top_level_and_deep() -> None:
+    text = BASE + "quotas:\n  default: 1\nnetwork:\n  shutdown_timeout_seconds: 1\n  bogus: 2\n"
+    errors = errors_of(text)
+    assert sorted(errors) == sorted([
+        f"{SOURCE}:7:1: quotas: unknown key",
+        f"{SOURCE}:11:3: network.bogus: unknown key",
+    ])
+
+
+def test_missing_required_field() -> None:
+    text = BASE.replace('  advertised_host: "127.0.0.1"\n', "")
+    e = single_error(text)
+    # reported at the enclosing mapping's key: the missing key has no position of its own
+    assert (e["line"], e["col"]) == (1, 1)
+    assert e["path"] == "listeners.advertised_host"
+    assert e["msg"] == "required field is missing"
+
+
+def test_missing_required_section() -> None:
+    text = "# header comment\n" + BASE.split("upstream:")[0]
+    e = single_error(text)
+    # reported at the top-level mapping, which starts at its first key (line 2)
+    assert (e["line"], e["col"]) == (2, 1)
+    assert e["path"] == "upstream"
+    assert e["msg"] == "required field is missing"
+
+
+@pytest.mark.parametrize(
+    ("extra", "line", "path", "fragment"),
+    [
+        ("network:\n  max_frame_bytes: 1.5\n", 8, "network.max_frame_bytes", "valid integer"),
+        ("network:\n  write_buffer_high_bytes: [1]\n", 8, "network.write_buffer_high_bytes",
+         "valid integer"),
+        ("network:\n  shutdown_timeout_seconds: soon\n", 8,
+         "network.shutdown_timeout_seconds", "valid number"),
+        ("logging:\n  level: verbose\n", 8, "logging.level", "'debug', 'info'"),
+        ("logging:\n  format: xml\n", 8, "logging.format", "'json' or 'console'"),
+        ("network:\n  max_frame_bytes: 0\n", 8, "network.max_frame_bytes", "greater than 0"),
+        ("network:\n  max_frame_bytes: 2147483648\n", 8, "network.max_frame_bytes",
+         "less than or equal to 2147483647"),
+        ("network:\n  shutdown_timeout_seconds: -1\n", 8, "network.shutdown_timeout_seconds",
+         "greater than or equal to 0"),
+        ("logging: verbose\n", 7, "logging", "valid dictionary"),
+        ("metrics:\n", 7, "metrics", "valid dictionary"),
+    ],
+)
+def test_wrong_type_or_value(extra: str, line: int, path: str, fragment: str) -> None:
+    e = single_error(BASE + extra)
+    assert e["line"] == line
+    assert e["path"] == path
+    assert fragment in e["msg"], e["msg"]
+
+
+@pytest.mark.parametrize(
+    ("setting", "fragment"),
+    [
+        ("connect_timeout_seconds: soon", "valid number"),
+        ("connect_timeout_seconds: 0", "greater than 0"),
+        ("metadata_refresh_seconds: -5", "greater than 0"),
+    ],
+)
+def test_wrong_upstream_value(setting: str, fragment: str) -> None:
+    e = single_error(BASE + f"  {setting}\n")
+    assert (e["line"], e["col"]) == (7, 3)
+    assert e["path"] == "upstream." + setting.split(":")[0]
+    assert fragment in e["msg"], e["msg"]
+
+
+def test_wrong_type_advertised_host() -> None:
+    e = single_error(BASE.replace('advertised_host: "127.0.0.1"', "advertised_host: 12"))
+    assert (e["line"], e["col"], e["path"]) == (3, 3, "listeners.advertised_host")
+    assert "valid string" in e["msg"]
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ('"localhost"', "expected \"host:port\", got 'localhost'"),
+        ('"localhost:"', "expected \"host:port\""),
+        ('":9192"', "expected \"host:port\""),
+        ('"localhost:http"', "expected \"host:port\""),
+        ('"localhost:70000"', "port 70000 is outside 1-65535"),
+        ('"localhost:0"', "port 0 is outside 1-65535"),
+        ("9192", 'expected a "host:port" string'),
+        ("null", 'expected a "host:port" string'),
+    ],
+)
+def test_bad_host_port_bootstrap(value: str, fragment: str) -> None:
+    e = single_error(BASE.replace('bootstrap: "127.0.0.1:9192"', f"bootstrap: {value}"))
+    assert (e["line"], e["col"], e["path"]) == (2, 3, "listeners.bootstrap")
+    assert fragment in e["msg"], e["msg"]
+
+
+def test_bad_host_port_in_upstream_list() -> None:
+    e = single_error(BASE.replace('["127.0.0.1:9092"]', '["kafka-1:9092", "kafka-2"]'))
+    assert (e["line"], e["col"], e["path"]) == (6, 3, "upstream.bootstrap_servers")
+    assert "expected \"host:port\", got 'kafka-2'" in e["msg"]
+
+
+def test_upstream_list_must_not_be_empty() -> None:
+    e = single_error(BASE.replace('["127.0.0.1:9092"]', "[]"))
+    assert (e["line"], e["path"]) == (6, "upstream.bootstrap_servers")
+    assert "at least 1 item" in e["msg"]
+
+
+def test_bad_host_port_metrics() -> None:
+    e = single_error(BASE + "metrics:\n  listen: 9102\n")
+    assert (e["line"], e["col"], e["path"]) == (8, 3, "metrics.listen")
+    assert 'expected a "host:port" string' in e["msg"]
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ('"9292-9193"', "port range 9292-9193 must satisfy 1 <= first <= last <= 65535"),
+        ('"0-100"', "port range 0-100 must satisfy"),
+        ('"65000-65536"', "port range 65000-65536 must satisfy"),
+        ('"abc"', 'expected a port range like "9193-9292", got \'abc\''),
+        ('"9193-"', "expected a port range"),
+        ('"-9193"', "expected a port range"),
+        ('"9193..9292"', "expected a port range"),
+    ],
+)
+def test_bad_port_range(value: str, fragment: str) -> None:
+    e = single_error(BASE.replace('broker_ports: "9193-9292"', f"broker_ports: {value}"))
+    assert (e["line"], e["col"], e["path"]) == (4, 3, "listeners.broker_ports")
+    assert fragment in e["msg"], e["msg"]
+
+
+@pytest.mark.parametrize("ports", ['"9100-9200"', '"9192-9192"', '"9192"', '"9150-9192"'])
+def test_bootstrap_port_inside_broker_ports(ports: str) -> None:
+    e = single_error(BASE.replace('broker_ports: "9193-9292"', f"broker_ports: {ports}"))
+    # a check across fields: reported at the field to change
+    assert (e["line"], e["col"], e["path"]) == (4, 3, "listeners.broker_ports")
+    assert "bootstrap port 9192 lies inside broker_ports" in e["msg"]
+
+
+@pytest.mark.parametrize(
+    "listen", ['"127.0.0.1:9192"', '"127.0.0.1:9193"', '"0.0.0.0:9250"', '"127.0.0.1:9292"']
+)
+def test_metrics_port_colliding(listen: str) -> None:
+    e = single_error(BASE + f"metrics:\n  listen: {listen}\n")
+    # A check across sections, reported at metrics.listen
+    assert e["path"] == "metrics.listen"
+    assert e["line"] == BASE.count("\n") + 2
+    port = listen.strip('"').rsplit(":", 1)[1]
+    assert e["msg"] == f"metrics.listen port {port} collides with a proxy listener"
+
+
+def test_metrics_same_port_other_host_is_allowed() -> None:
+    cfg = parse_config(BASE + 'metrics:\n  listen: "127.0.0.2:9192"\n', SOURCE)
+    assert cfg.metrics.listen == HostPort("127.0.0.2", 9192)
+
+
+def test_write_buffer_low_above_high() -> None:
+    text = BASE + "network:\n  write_buffer_high_bytes: 1000\n  write_buffer_low_bytes: 1001\n"
+    e = single_error(text)
+    assert (e["line"], e["col"], e["path"]) == (7, 1, "network")
+    assert e["msg"] == "write_buffer_low_bytes must not exceed write_buffer_high_bytes"
+    # low above the default high (4 MiB) is caught too
+    e = single_error(BASE + "network:\n  write_buffer_low_bytes: 4194305\n")
+    assert (e["line"], e["path"]) == (7, "network")
+
+
+def test_duplicate_keys() -> None:
+    text = BASE.replace('  broker_ports: "9193-9292"\n',
+                        '  broker_ports: "9193-9292"\n  bootstrap: "127.0.0.1:9000"\n')
+    e = single_error(text)
+    assert (e["line"], e["col"], e["path"], e["msg"]) == (
+        5, 3, "listeners.bootstrap", "duplicate key")
+
+
+def test_duplicate_sections() -> None:
+    text = BASE + "upstream:\n  bootstrap_servers: [\"10.0.0.1:9092\"]\n"
+    e = single_error(text)
+    assert (e["line"], e["col"], e["path"], e["msg"]) == (7, 1, "upstream", "duplicate key")
+
+
+def test_every_duplicate_is_reported() -> None:
+    text = BASE + "logging:\n  level: info\n  level: debug\n  level: error\nlogging: {}\n"
+    assert errors_of(text) == [
+        f"{SOURCE}:9:3: logging.level: duplicate key",
+        f"{SOURCE}:10:3: logging.level: duplicate key",
+        f"{SOURCE}:11:1: logging: duplicate key",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        (BASE + "metrics: [\n", 8),  # unclosed flow sequence: reported at end of input
+        (BASE.replace('  advertised_host: "127.0.0.1"', ' advertised_host: "127.0.0.1"'), 3),
+        (BASE + "logging:\n  level: \"info\n", 9),  # unterminated quoted scalar
+        (BASE + "network:\n\tmax_frame_bytes: 1\n", 8),  # tab indentation
+        (BASE + "---\nlisteners: {}\n", 7),  # a second document
+    ],
+)
+def test_yaml_syntax_error_reports_line(text: str, line: int) -> None:
+    errors = errors_of(text)
+    assert len(errors) == 1, errors
+    m = re.match(rf"^{re.escape(SOURCE)}:(\d+):(\d+): YAML syntax error: .+", errors[0])
+    assert m, errors[0]
+    assert int(m.group(1)) == line
+
+
+@pytest.mark.parametrize("text", ["- a\n- b\n", "just a string\n", "42\n", "[listeners]\n"])
+def test_non_mapping_document(text: str) -> None:
+    assert errors_of(text) == [f"{SOURCE}:1:1: the configuration must be a YAML mapping"]
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n", "---\n", "null\n"])
+def test_empty_document(text: str) -> None:
+    assert errors_of(text) == [f"{SOURCE}:1:1: the configuration must be a YAML mapping"]
+
+
+def test_several_errors_are_all_reported_with_their_lines() -> None:
+    text = textwrap.dedent("""\
+        listeners:
+          bootstrap: "localhost"
+          advertised_host: "127.0.0.1"
+          broker_ports: "9300-9200"
+          colour: blue
+        upstream:
+          bootstrap_servers: ["127.0.0.1:9092"]
+          connect_timeout_seconds: -1
+        """)
+    errors = errors_of(text)
+    assert sorted(errors) == sorted([
+        f"{SOURCE}:2:3: listeners.bootstrap: expected \"host:port\", got 'localhost'",
+        f"{SOURCE}:4:3: listeners.broker_ports: port range 9300-9200 must satisfy "
+        "1 <= first <= last <= 65535",
+        f"{SOURCE}:5:3: listeners.colour: unknown key",
+        f"{SOURCE}:8:3: upstream.connect_timeout_seconds: Input should be greater than 0",
+    ])
+
+
+def test_load_config_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "missing.yaml"
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    (line,) = info.value.errors
+    assert line.startswith(f"{path}: cannot read: ")
+    assert "No such file" in line
+
+
+def test_load_config_uses_path_as_source(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(BASE + "extra: 1\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.errors == [f"{path}:7:1: extra: unknown key"]
+
+
+# ------------------------------------------------------------------ check-config on bad files
+
+
+def test_check_config_bad_file_reports_every_error(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(textwrap.dedent("""\
+        listeners:
+          bootstrap: "127.0.0.1:9192"
+          advertised_host: "127.0.0.1"
+          broker_ports: "9292-9193"
+        upstream:
+          bootstrap_servers: ["127.0.0.1:9092"]
+          retries: 3
+        network:
+          max_frame_bytes: big
+        """))
+    proc = check_config(path)
+    assert proc.returncode != 0
+    assert proc.stdout == ""
+    assert "configuration is valid" not in proc.stdout + proc.stderr
+    assert f"{path}: invalid configuration (3 error(s)):" in proc.stderr
+    for expected in (
+        f"{path}:4:3: listeners.broker_ports: port range 9292-9193 must satisfy",
+        f"{path}:7:3: upstream.retries: unknown key",
+        f"{path}:9:3: network.max_frame_bytes: Input should be a valid integer",
+    ):
+        assert expected in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("", ":1:1: the configuration must be a YAML mapping"),
+        ("listeners: [\n", ":2:1: YAML syntax error"),
+        ("listeners: {}\nlisteners: {}\n", ":2:1: listeners: duplicate key"),
+    ],
+)
+def test_check_config_other_bad_files(tmp_path: Path, content: str, expected: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(content)
+    proc = check_config(path)
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    assert f"{path}{expected}" in proc.stderr, proc.stderr
+    assert "configuration is valid" not in proc.stderr
+
+
+def test_check_config_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "nope.yaml"
+    proc = check_config(path)
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    assert f"{path}: cannot read: No such file or directory" in proc.stderr
+
+
+# ------------------------------------------------------------------ former bugs (regressions)
+
+
+def test_check_config_non_utf8_file(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(BASE.replace("127.0.0.1", "caf\xe9", 1).encode("latin-1"))
+    proc = check_config(path)
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert f"{path}:" in proc.stderr
+
+
+@pytest.mark.parametrize("listen", ['"0.0.0.0:9192"', '"localhost:9192"'])
+def test_metrics_port_colliding_via_wildcard_or_name(listen: str) -> None:
+    e = single_error(BASE + f"metrics:\n  listen: {listen}\n")
+    assert "collides with a proxy listener" in e["msg"]
