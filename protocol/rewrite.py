@@ -212,39 +212,36 @@ class ResponseRewriter:
     def __init__(self, addresses: AddressMap) -> None:
         self.addresses = addresses
 
-    def __call__(self, entry: InFlight, frame: bytes) -> bytes | None:
+    def __call__(self, entry: InFlight, frame: bytes | memoryview) -> bytes | None:
         api_key = entry.api_key
         version = entry.api_version
         try:
             header = parse_response_header(
                 frame, 0, len(frame), apis.response_header_version(api_key, version)
             )
+            if api_key == ApiKey.PRODUCE or api_key == ApiKey.FETCH:
+                # Hot path: walk by lengths; copy and decode only if node_endpoints is there.
+                skim = produce_response_layout if api_key == ApiKey.PRODUCE else fetch_response_layout
+                layout = skim(frame, header.size, version)
+                if frame[layout.tags_offset] == 0:  # no top-level tagged fields
+                    return None
+                return rewrite_node_endpoints_tag(
+                    api_key, version, bytes(frame), layout.tags_offset, self.addresses
+                )
+            frame = bytes(frame)
             head, body = frame[: header.size], frame[header.size :]
             if api_key == ApiKey.API_VERSIONS:
                 # A broker that does not support the requested version answers with v0.
                 error_code = INT16.unpack_from(body, 0)[0]
-                new_body = cap_api_versions(body, 0 if error_code == 35 else version)
-            elif api_key == ApiKey.PRODUCE or api_key == ApiKey.FETCH:
-                skim = (
-                    produce_response_layout if api_key == ApiKey.PRODUCE else fetch_response_layout
-                )
-                layout = skim(body, 0, version)
-                rewritten = rewrite_node_endpoints_tag(
-                    api_key, version, body, layout.tags_offset, self.addresses
-                )
-                if rewritten is None:
-                    return None
-                new_body = rewritten
-            else:
-                value = decode_response(api_key, version, body)
-                new_value = _DECODED[api_key](value, self.addresses)
-                if new_value is value:
-                    return None
-                new_body = encode_entity(new_value)
+                return head + cap_api_versions(body, 0 if error_code == 35 else version)
+            value = decode_response(api_key, version, body)
+            new_value = _DECODED[api_key](value, self.addresses)
+            if new_value is value:
+                return None
+            return head + encode_entity(new_value)
         except UndecodableResponse:
             raise
         except (IndexError, ValueError, KeyError, struct.error, SerialError) as exc:
             raise UndecodableResponse(
                 f"{apis.api_name(api_key)} v{version} response does not parse: {exc!r}"
             ) from None
-        return head + new_body

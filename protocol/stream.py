@@ -129,15 +129,16 @@ class RequestStream:
         return memoryview(data)[:pos], events
 
 
-Rewriter = Callable[[InFlight, bytes], bytes | None]
+Rewriter = Callable[[InFlight, Buffer], bytes | None]
 
 
 class ResponseStream:
     """Broker -> client. ``feed`` returns the byte segments to write to the client, in order,
     and the requests whose responses have completed (with ``response_size`` set).
 
-    ``rewriter(entry, frame)`` gets a whole response frame without its size prefix and
-    returns the new frame (without size prefix), or ``None`` to forward it unchanged.
+    ``rewriter(entry, frame)`` gets a whole response frame without its size prefix (bytes, or
+    a memoryview into the received data: copy it to keep it) and returns the new frame
+    (without size prefix), or ``None`` to forward it unchanged, without a copy.
     """
 
     __slots__ = (
@@ -194,7 +195,9 @@ class ResponseStream:
             frame = b"".join(self._collect)
             self._collect = []
             self._collect_entry = None
-            out.append(self._rewrite(entry, frame))
+            new = self._rewriter(entry, frame)
+            out.append(INT32.pack(len(frame if new is None else new)))
+            out.append(frame if new is None else new)
             done.append(entry)
             pos = run_start = take
         elif self._remaining:
@@ -224,13 +227,18 @@ class ResponseStream:
             entry.response_size = size + 4
             end = pos + 4 + size
             if apis.needs_response_rewrite(entry.api_key, entry.api_version):
+                if end <= n:
+                    new = self._rewriter(entry, mv[pos + 4 : end])
+                    done.append(entry)
+                    if new is not None:  # else the frame joins the pass-through run
+                        if pos > run_start:
+                            out.append(mv[run_start:pos])
+                        out.append(INT32.pack(len(new)) + new)
+                        run_start = end
+                    pos = end
+                    continue
                 if pos > run_start:
                     out.append(mv[run_start:pos])
-                if end <= n:
-                    out.append(self._rewrite(entry, mv[pos + 4 : end]))
-                    done.append(entry)
-                    pos = run_start = end
-                    continue
                 self._collect = [mv[pos + 4 :]]
                 self._collect_need = end - n
                 self._collect_entry = entry
@@ -246,10 +254,3 @@ class ResponseStream:
         if pos > run_start:
             out.append(data if run_start == 0 and pos == n else mv[run_start:pos])
         return out, done
-
-    def _rewrite(self, entry: InFlight, frame: Buffer) -> bytes:
-        raw = bytes(frame)
-        new = self._rewriter(entry, raw)
-        if new is None:
-            new = raw
-        return INT32.pack(len(new)) + new

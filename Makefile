@@ -1,0 +1,35 @@
+# The two commands of the README's quick start, and a few more.
+#   make demo   set up .venv and run the demo (local tansu broker + proxy + clients)
+#   make test   set up .venv and run the whole test suite (lint, types, contracts, tests)
+#   make bench  set up .venv and run the benchmark (proxy vs direct vs tansu proxy)
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+.PHONY: demo test bench lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(VENV)/.installed-%: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[$*]'
+	touch $@
+
+demo: $(VENV)/.installed-demo
+	$(BIN)/kafka-quota-proxy demo
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check protocol proxy tests bench
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+test: lint
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+bench: $(VENV)/.installed-bench
+	$(BIN)/python bench/proxy_bench.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .hypothesis
