@@ -137,20 +137,17 @@ _DECODED: dict[int, Callable[[Any, AddressMap], Any]] = {
 _NODE_ENDPOINTS_TAG = 0
 
 
-def rewrite_node_endpoints_tag(
-    api_key: int, version: int, body: bytes, tags_offset: int, addresses: AddressMap
-) -> bytes | None:
-    """Rewrite the KIP-951 ``node_endpoints`` tagged field of a Produce/Fetch response body."""
-    fields, end = read_tagged_fields(body, tags_offset)
-    if not fields:
-        return None
+def _rewrite_node_endpoints_field(
+    api_key: int, version: int, fields: list[tuple[int, bytes]], addresses: AddressMap
+) -> list[tuple[int, bytes]] | None:
+    """Rewrite the KIP-951 ``node_endpoints`` field (tag 0) among top-level tagged fields;
+    ``None`` when nothing changed."""
     node_cls = _nested_class(api_key, version, "NodeEndpoint")
     read_node = entity_reader(node_cls)
     write_node = entity_writer(node_cls)
     new_fields: list[tuple[int, bytes]] = []
     changed = False
-    for tag, start, stop in fields:
-        payload = body[start:stop]
+    for tag, payload in fields:
         if tag == _NODE_ENDPOINTS_TAG:
             count, pos = read_uvarint(payload, 0)
             out = io.BytesIO()
@@ -163,9 +160,64 @@ def rewrite_node_endpoints_tag(
                 write_node(out, new)
             payload = out.getvalue()
         new_fields.append((tag, payload))
-    if not changed:
+    return new_fields if changed else None
+
+
+def rewrite_node_endpoints_tag(
+    api_key: int, version: int, body: bytes, tags_offset: int, addresses: AddressMap
+) -> bytes | None:
+    """Rewrite the KIP-951 ``node_endpoints`` tagged field of a Produce/Fetch response body."""
+    fields, end = read_tagged_fields(body, tags_offset)
+    new_fields = _rewrite_node_endpoints_field(
+        api_key, version, [(t, body[a:b]) for t, a, b in fields], addresses
+    )
+    if new_fields is None:
         return None
     return body[:tags_offset] + encode_tagged_fields(new_fields) + body[end:]
+
+
+def _padded_uvarint(value: int, width: int) -> bytes:
+    """``value`` as an unsigned varint of exactly ``width`` bytes (redundant continuation bytes
+    are valid: Kafka's readers accept them)."""
+    out = bytearray()
+    for _ in range(width - 1):
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    if value >= 0x80:
+        raise ValueError("value does not fit")
+    out.append(value)
+    return bytes(out)
+
+
+def _filler_field(length: int, tag: int) -> bytes | None:
+    """A tagged field of exactly ``length`` bytes with an unknown tag and a zero payload."""
+    for width in range(1, 6):
+        payload = length - 1 - width
+        if payload < 0:
+            return None
+        if payload < 1 << (7 * width):
+            return write_uvarint(tag) + _padded_uvarint(payload, width) + bytes(payload)
+    return None
+
+
+def fit_tagged_fields(fields: list[tuple[int, bytes]], length: int) -> bytes | None:
+    """Encode tagged fields in exactly ``length`` bytes, padding where needed with one extra
+    field whose tag no client of these versions knows (clients skip unknown tags), or with a
+    redundant varint byte; ``None`` if they do not fit."""
+    fields = sorted(fields)
+    body = b"".join(write_uvarint(t) + write_uvarint(len(p)) + p for t, p in fields)
+    count = len(fields)
+    short = length - len(write_uvarint(count)) - len(body)
+    if short == 0:
+        return write_uvarint(count) + body
+    if short < 0:
+        return None
+    if short == 1 and count < 0x80:
+        return _padded_uvarint(count, 2) + body
+    filler_tag = fields[-1][0] + 1 if fields else 1
+    count_bytes = write_uvarint(count + 1)
+    filler = _filler_field(length - len(count_bytes) - len(body), filler_tag)
+    return None if filler is None else count_bytes + body + filler
 
 
 def cap_api_versions(body: bytes, version: int) -> bytes:
@@ -207,10 +259,48 @@ def cap_api_versions(body: bytes, version: int) -> bytes:
 
 
 class ResponseRewriter:
-    """The ``Rewriter`` the response stream calls for each address-bearing response frame."""
+    """The ``Rewriter`` the response stream calls for each address-bearing response frame, and
+    the ``TailRewriter`` for the top-level tagged fields of streamed Fetch responses."""
 
     def __init__(self, addresses: AddressMap) -> None:
         self.addresses = addresses
+        # node_endpoints that could not be rewritten in the same number of bytes and were
+        # dropped instead (clients then refresh metadata, which is rewritten as usual)
+        self.node_endpoints_dropped = 0
+
+    def rewrite_tail(self, entry: InFlight, tail: bytes) -> bytes:
+        """Rewrite the top-level tagged fields ``tail`` of a streamed response into exactly
+        ``len(tail)`` bytes."""
+        try:
+            fields, end = read_tagged_fields(tail, 0)
+            if end != len(tail):
+                raise UndecodableResponse(
+                    f"{apis.api_name(entry.api_key)} v{entry.api_version} response has "
+                    f"{len(tail) - end} bytes after its tagged fields"
+                )
+            if not any(tag == _NODE_ENDPOINTS_TAG for tag, _, _ in fields):
+                return tail
+            pairs = [(t, tail[a:b]) for t, a, b in fields]
+            new_fields = _rewrite_node_endpoints_field(
+                entry.api_key, entry.api_version, pairs, self.addresses
+            )
+        except UndecodableResponse:
+            raise
+        except (IndexError, ValueError, KeyError, struct.error, SerialError) as exc:
+            raise UndecodableResponse(
+                f"{apis.api_name(entry.api_key)} v{entry.api_version} tagged fields do not "
+                f"parse: {exc!r}"
+            ) from None
+        if new_fields is None:
+            return tail
+        fitted = fit_tagged_fields(new_fields, len(tail))
+        if fitted is None:
+            self.node_endpoints_dropped += 1
+            kept = [(t, p) for t, p in new_fields if t != _NODE_ENDPOINTS_TAG]
+            fitted = fit_tagged_fields(kept, len(tail))
+        if fitted is None:
+            raise UndecodableResponse("cannot rewrite node_endpoints in place")
+        return fitted
 
     def __call__(self, entry: InFlight, frame: bytes | memoryview) -> bytes | None:
         api_key = entry.api_key
@@ -221,7 +311,9 @@ class ResponseRewriter:
             )
             if api_key == ApiKey.PRODUCE or api_key == ApiKey.FETCH:
                 # Hot path: walk by lengths; copy and decode only if node_endpoints is there.
-                skim = produce_response_layout if api_key == ApiKey.PRODUCE else fetch_response_layout
+                skim = (
+                    produce_response_layout if api_key == ApiKey.PRODUCE else fetch_response_layout
+                )
                 layout = skim(frame, header.size, version)
                 if frame[layout.tags_offset] == 0:  # no top-level tagged fields
                     return None

@@ -25,8 +25,13 @@ class Layout:
 def _array_len(buf: bytes | memoryview, pos: int, flexible: bool) -> tuple[int, int]:
     if flexible:
         n, pos = read_uvarint(buf, pos)
-        return n - 1, pos  # -1 means null
-    return INT32.unpack_from(buf, pos)[0], pos + 4
+        n -= 1  # -1 means null
+    else:
+        n = INT32.unpack_from(buf, pos)[0]
+        pos += 4
+    if n > len(buf) - pos:  # every element takes at least one byte: a garbage count
+        raise IndexError("array count exceeds the bytes left")  # must not spin the loops
+    return n, pos
 
 
 def _skip_string(buf: bytes | memoryview, pos: int, flexible: bool) -> int:

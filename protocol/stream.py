@@ -25,6 +25,7 @@ from protocol.errors import (
     UnsupportedVersion,
 )
 from protocol.headers import parse_request_header, produce_acks
+from protocol.incremental import Walker, fetch_response_walk
 from protocol.primitives import INT32
 
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes
@@ -130,6 +131,10 @@ class RequestStream:
 
 
 Rewriter = Callable[[InFlight, Buffer], bytes | None]
+TailRewriter = Callable[[InFlight, bytes], bytes]
+
+_FETCH = int(apis.ApiKey.FETCH)
+_FETCH_STREAMED_FROM = 16  # Fetch versions whose node_endpoints are rewritten while streaming
 
 
 class ResponseStream:
@@ -139,6 +144,11 @@ class ResponseStream:
     ``rewriter(entry, frame)`` gets a whole response frame without its size prefix (bytes, or
     a memoryview into the received data: copy it to keep it) and returns the new frame
     (without size prefix), or ``None`` to forward it unchanged, without a copy.
+
+    With a ``tail_rewriter``, Fetch v16+ responses are not held: they stream through while
+    ``incremental.Walker`` follows them, and only their top-level tagged fields (KIP-951
+    ``node_endpoints``) are held back and replaced by ``tail_rewriter(entry, tail)``, which
+    must return exactly ``len(tail)`` bytes.
     """
 
     __slots__ = (
@@ -151,6 +161,9 @@ class ResponseStream:
         "_remaining",
         "_rewriter",
         "_table",
+        "_tail",
+        "_tail_rewriter",
+        "_walker",
     )
 
     def __init__(
@@ -158,9 +171,13 @@ class ResponseStream:
         table: CorrelationTable,
         rewriter: Rewriter,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        tail_rewriter: TailRewriter | None = None,
     ) -> None:
         self._table = table
         self._rewriter = rewriter
+        self._tail_rewriter = tail_rewriter
+        self._walker: Walker | None = None
+        self._tail: list[bytes] = []
         self._max = max_frame_bytes
         self._remaining = 0
         self._current: InFlight | None = None  # pass-through frame in progress
@@ -200,6 +217,15 @@ class ResponseStream:
             out.append(frame if new is None else new)
             done.append(entry)
             pos = run_start = take
+        elif self._remaining and self._walker is not None:
+            # Continue a streamed frame.
+            take = min(self._remaining, n)
+            self._stream(mv, 0, take, out)
+            self._remaining -= take
+            if self._remaining:
+                return out, done
+            done.append(self._finish_stream(out))
+            pos = run_start = take
         elif self._remaining:
             # Continue a pass-through frame.
             rem = self._remaining
@@ -226,6 +252,23 @@ class ResponseStream:
             entry = table.pop(INT32.unpack_from(data, pos + 4)[0])
             entry.response_size = size + 4
             end = pos + 4 + size
+            if (
+                entry.api_key == _FETCH
+                and entry.api_version >= _FETCH_STREAMED_FROM
+                and self._tail_rewriter is not None
+            ):
+                # The size prefix goes now; the body streams while the walker follows it.
+                out.append(mv[run_start : pos + 4])
+                self._walker = Walker(fetch_response_walk(entry.api_version))
+                self._current = entry
+                self._stream(mv, pos + 4, min(end, n), out)
+                if end <= n:
+                    done.append(self._finish_stream(out))
+                    pos = run_start = end
+                    continue
+                self._remaining = end - n
+                pos = run_start = n
+                break
             if apis.needs_response_rewrite(entry.api_key, entry.api_version):
                 if end <= n:
                     new = self._rewriter(entry, mv[pos + 4 : end])
@@ -254,3 +297,34 @@ class ResponseStream:
         if pos > run_start:
             out.append(data if run_start == 0 and pos == n else mv[run_start:pos])
         return out, done
+
+    def _stream(self, mv: memoryview, start: int, end: int, out: list[Buffer]) -> None:
+        """Bytes ``[start, end)`` of a streamed frame: forward what the walker has passed,
+        hold back the rest (the top-level tagged fields)."""
+        walker = self._walker
+        assert walker is not None
+        if not walker.done:
+            try:
+                upto = walker.feed(mv, start, end)
+            except ValueError as exc:
+                raise MalformedFrame(f"fetch response does not parse: {exc}") from None
+            if upto > start:
+                out.append(mv[start:upto])
+            start = upto
+        if start < end:
+            self._tail.append(bytes(mv[start:end]))
+
+    def _finish_stream(self, out: list[Buffer]) -> InFlight:
+        entry, walker = self._current, self._walker
+        assert entry is not None and walker is not None and self._tail_rewriter is not None
+        tail = b"".join(self._tail)
+        self._tail = []
+        self._walker = None
+        self._current = None
+        if not walker.done:
+            raise MalformedFrame("fetch response ended before its top-level tagged fields")
+        new = self._tail_rewriter(entry, tail)
+        if len(new) != len(tail):
+            raise MalformedFrame("tagged fields rewritten to a different length")
+        out.append(new)
+        return entry

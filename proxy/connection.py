@@ -41,7 +41,9 @@ class ProxiedConnection(asyncio.Protocol):
         self.table = CorrelationTable()
         cfg = proxy.config.network
         self.requests = RequestStream(self.table, cfg.max_frame_bytes)
-        self.responses = ResponseStream(self.table, proxy.rewriter, cfg.max_frame_bytes)
+        self.responses = ResponseStream(
+            self.table, proxy.rewriter, cfg.max_frame_bytes, proxy.rewriter.rewrite_tail
+        )
         self.transport: asyncio.Transport | None = None
         self.upstream: UpstreamSide | None = None
         self.client_gate = ReadGate()
