@@ -267,6 +267,7 @@ class ResponseRewriter:
         # node_endpoints that could not be rewritten in the same number of bytes and were
         # dropped instead (clients then refresh metadata, which is rewritten as usual)
         self.node_endpoints_dropped = 0
+        self.rewritten: dict[int, int] = {}  # api key -> responses changed
 
     def rewrite_tail(self, entry: InFlight, tail: bytes) -> bytes:
         """Rewrite the top-level tagged fields ``tail`` of a streamed response into exactly
@@ -300,9 +301,19 @@ class ResponseRewriter:
             fitted = fit_tagged_fields(kept, len(tail))
         if fitted is None:
             raise UndecodableResponse("cannot rewrite node_endpoints in place")
+        self._count(entry.api_key)
         return fitted
 
+    def _count(self, api_key: int) -> None:
+        self.rewritten[api_key] = self.rewritten.get(api_key, 0) + 1
+
     def __call__(self, entry: InFlight, frame: bytes | memoryview) -> bytes | None:
+        new = self._rewrite(entry, frame)
+        if new is not None:
+            self._count(entry.api_key)
+        return new
+
+    def _rewrite(self, entry: InFlight, frame: bytes | memoryview) -> bytes | None:
         api_key = entry.api_key
         version = entry.api_version
         try:

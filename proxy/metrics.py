@@ -48,7 +48,8 @@ class ProxyStats:
         self.per_client: dict[str, list[int]] = {}
         self.latency_buckets: dict[int, list[int]] = {}  # api key -> counts per bucket (+Inf last)
         self.latency_sum: dict[int, float] = defaultdict(float)
-        self.rewritten: dict[int, int] = defaultdict(int)
+        self.rewritten: dict[int, int] = {}
+        self.node_endpoints_dropped: Callable[[], int] = lambda: 0
         self.brokers_known: Callable[[], int] = lambda: 0
 
     def observe_latency(self, api_key: int, seconds: float) -> None:
@@ -116,6 +117,12 @@ class _Collector(Collector):
                 cumulative.append((bound, acc))
             h.add_metric([api_name(key)], cumulative, s.latency_sum[key])
         yield h
+        c = CounterMetricFamily(
+            "kafka_proxy_node_endpoints_dropped",
+            "KIP-951 node_endpoints dropped because the proxy address did not fit in place",
+        )
+        c.add_metric([], self.stats.node_endpoints_dropped())
+        yield c
         g = GaugeMetricFamily("kafka_proxy_upstream_brokers", "Upstream brokers known")
         g.add_metric([], s.brokers_known())
         yield g

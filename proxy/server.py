@@ -41,6 +41,8 @@ class Proxy:
         )
         self.stats.brokers_known = lambda: len(self.registry)
         self.rewriter = ResponseRewriter(self.registry)
+        self.stats.rewritten = self.rewriter.rewritten
+        self.stats.node_endpoints_dropped = lambda: self.rewriter.node_endpoints_dropped
         self.connections: set[ProxiedConnection] = set()
         self.servers: dict[str, asyncio.AbstractServer] = {}
         self.draining = False
