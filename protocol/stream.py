@@ -29,6 +29,10 @@ from protocol.incremental import Walker, fetch_response_walk
 from protocol.primitives import INT32
 
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes
+# The most a legal request header (plus Produce's transactional_id and acks) can take: two
+# strings of at most 32767 bytes, fixed fields and header tagged fields. Beyond this an
+# incomplete header is refused whatever the chunking.
+_MAX_HEADER_BYTES = 2 * 32767 + 4096
 
 _PRODUCE = int(apis.ApiKey.PRODUCE)
 
@@ -105,8 +109,10 @@ class RequestStream:
             except (IndexError, ValueError, struct.error) as exc:
                 if end <= n:
                     raise MalformedFrame(f"request header does not parse: {exc}") from None
-                if n - pos > 4096 + 64:
-                    raise MalformedFrame("request header longer than 4 KiB") from None
+                if n - pos > _MAX_HEADER_BYTES:
+                    raise MalformedFrame(
+                        f"request header longer than {_MAX_HEADER_BYTES} bytes"
+                    ) from None
                 self._pending = data[pos:]
                 break
             entry = InFlight(
@@ -243,6 +249,8 @@ class ResponseStream:
         max_frame = self._max
         while pos < n:
             if n - pos < 8:
+                if n - pos >= 4:  # the size alone can already be wrong
+                    _check_size(INT32.unpack_from(data, pos)[0], max_frame)
                 self._pending = bytes(mv[pos:])
                 break
             size = INT32.unpack_from(data, pos)[0]

@@ -32,7 +32,7 @@ FLEXIBLE = [(k, v) for k, e in API_TABLE.items() for v in range(e[1], e[2] + 1) 
 NON_FLEXIBLE = [
     (k, v) for k, e in API_TABLE.items() for v in range(e[1], e[2] + 1) if not 0 <= e[3] <= v
 ]
-SETTINGS = settings(max_examples=200, deadline=None)
+SETTINGS = settings(max_examples=100, deadline=None)
 
 
 @SETTINGS
