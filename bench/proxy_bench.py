@@ -1,0 +1,989 @@
+#!/usr/bin/env python
+"""Throughput, latency and CPU cost of kafka-quota-proxy against a real tansu broker.
+
+One run starts one tansu broker (memory storage) and, in front of it, this proxy and the
+``tansu proxy`` (Rust) as reference. Every client path is measured in the same run,
+interleaved round by round (order rotated each round; round 0 is a warm-up), because absolute
+figures on a shared machine drift by up to ~25 % between runs: only the ratios to ``direct``
+measured in one run mean anything. The reported figure is the median over the measured rounds.
+
+    python bench/proxy_bench.py [--rounds N] [--messages M] [--quick] [--profile]
+
+Importable: ``run_benchmark(Settings(...))`` returns a ``BenchResult``; ``format_report`` turns
+it into the printed table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import platform
+import random
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import confluent_kafka
+import psutil  # type: ignore[import-untyped]
+import yaml
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from proxy.embedded_broker import TansuBroker, free_port, tansu_binary
+
+BENCH_DIR = Path(__file__).resolve().parent
+RESULTS_DIR = BENCH_DIR / "results"
+HOST = "127.0.0.1"
+
+DIRECT, PROXY, TANSU_PROXY = "direct", "proxy", "tansu-proxy"
+PATHS = (DIRECT, PROXY, TANSU_PROXY)
+TARGET_RATIO = 0.85
+MB = 1_000_000
+GB = 1_000_000_000
+WORKLOAD_TIMEOUT_S = 180.0   # a workload that takes longer fails
+STALL_TIMEOUT_S = 20.0       # ... and so does one without progress for this long
+
+
+# ---------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class Settings:
+    rounds: int = 5                   # measured rounds (round 0, the warm-up, comes on top)
+    messages: int = 200_000           # per produce / fetch workload
+    message_bytes: int = 1024
+    latency_seconds: float = 5.0      # per path, split into two segments in alternating order
+    latency_rate: float = 500.0       # messages per second
+    latency_message_bytes: int = 100
+    latency_warmup_messages: int = 50
+    profile: bool = False
+    quick: bool = False
+
+    @classmethod
+    def quick_mode(cls, **overrides: Any) -> Settings:
+        base: dict[str, Any] = {"rounds": 2, "messages": 50_000, "latency_seconds": 2.0,
+                                "quick": True}
+        return cls(**(base | overrides))
+
+
+# ---------------------------------------------------------------------------- processes
+
+
+@dataclass
+class ManagedProcess:
+    """A child process in its own session, so the whole group can be signalled."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    @classmethod
+    def spawn(cls, name: str, argv: list[str], log_dir: Path) -> ManagedProcess:
+        log_path = log_dir / f"{name}.log"
+        with open(log_path, "wb") as log:
+            popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     cwd=log_dir, env=os.environ | {"PYTHONUNBUFFERED": "1"})
+        return cls(name, popen, log_path)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+
+    def check_alive(self) -> None:
+        rc = self.popen.poll()
+        if rc is not None:
+            raise RuntimeError(f"{self.name} (pid {self.pid}) exited with code {rc}; "
+                               f"log tail:\n{self.log_tail()}")
+
+    def signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self.popen.poll() is None:
+            self.signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout)
+        # the leader may be gone while other members of its group live on
+        self.signal(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout)
+
+
+def wait_ready(process: ManagedProcess, port: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        process.check_alive()
+        try:
+            with socket.create_connection((HOST, port), timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{process.name}: nothing listens on {HOST}:{port} after "
+                                   f"{timeout}s; log tail:\n{process.log_tail()}") from None
+            time.sleep(0.05)
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_port_range(count: int, avoid: set[int], attempts: int = 100) -> tuple[int, int]:
+    for _ in range(attempts):
+        base = random.randint(20_000, 60_000 - count)
+        ports = range(base, base + count)
+        if not avoid.intersection(ports) and all(_port_is_free(p) for p in ports):
+            return base, base + count - 1
+    raise RuntimeError(f"found no {count} consecutive free ports")
+
+
+# ---------------------------------------------------------------------------- environment
+
+
+@dataclass
+class Endpoint:
+    """One way for a client to reach the broker."""
+
+    name: str
+    bootstrap: str
+    middlebox: ManagedProcess | None = None   # the proxy process in between, if any
+    _admin: AdminClient | None = field(default=None, init=False, repr=False)
+
+    @property
+    def admin(self) -> AdminClient:
+        if self._admin is None:
+            self._admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        return self._admin
+
+    def close_admin(self) -> None:
+        self._admin = None
+
+    def check_alive(self) -> None:
+        if self.middlebox is not None:
+            self.middlebox.check_alive()
+
+
+def start_environment(stack: contextlib.ExitStack, workdir: Path) -> dict[str, Endpoint]:
+    """Start tansu, this proxy and tansu's proxy; everything is stopped when ``stack`` closes."""
+    broker = TansuBroker(log_path=str(workdir / "tansu-broker.log"))
+    stack.callback(broker.stop)
+    broker.start()
+
+    proxy_port, tansu_proxy_port = free_port(), free_port()
+    low, high = pick_port_range(100, avoid={broker.port, proxy_port, tansu_proxy_port})
+    config = {
+        "listeners": {"bootstrap": f"{HOST}:{proxy_port}", "advertised_host": HOST,
+                      "broker_ports": f"{low}-{high}"},
+        "upstream": {"bootstrap_servers": [broker.bootstrap]},
+        "logging": {"level": "warning"},
+    }
+    config_path = workdir / "proxy.yaml"
+    config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+    ours = ManagedProcess.spawn(
+        PROXY, [sys.executable, "-m", "proxy", "run", "--config", str(config_path)], workdir)
+    stack.callback(ours.stop)
+
+    url = f"tcp://{HOST}:{tansu_proxy_port}"
+    theirs = ManagedProcess.spawn(
+        TANSU_PROXY, [tansu_binary(), "proxy", "--listener-url", url,
+                      "--advertised-listener-url", url, "--origin-url", f"tcp://{broker.bootstrap}"],
+        workdir)
+    stack.callback(theirs.stop)
+
+    endpoints = {
+        DIRECT: Endpoint(DIRECT, broker.bootstrap),
+        PROXY: Endpoint(PROXY, f"{HOST}:{proxy_port}", ours),
+        TANSU_PROXY: Endpoint(TANSU_PROXY, f"{HOST}:{tansu_proxy_port}", theirs),
+    }
+    # librdkafka clients must go before the servers they talk to (ExitStack is LIFO)
+    for endpoint in endpoints.values():
+        stack.callback(endpoint.close_admin)
+
+    wait_ready(ours, proxy_port)
+    wait_ready(theirs, tansu_proxy_port)
+    for endpoint in endpoints.values():
+        endpoint.admin.list_topics(timeout=15)      # each path answers metadata
+    return endpoints
+
+
+# ---------------------------------------------------------------------------- measurements
+
+
+class CpuMeter:
+    """user+sys CPU seconds of a process (all its threads), or nothing if there is none."""
+
+    def __init__(self, pid: int | None) -> None:
+        self._process = psutil.Process(pid) if pid is not None else None
+
+    def read(self) -> float | None:
+        if self._process is None:
+            return None
+        times = self._process.cpu_times()
+        return float(times.user + times.system)
+
+
+class ForeignCpu:
+    """Approximate CPU seconds used by processes other than this benchmark and its children
+    (user+nice+system of the machine minus ours): shows whether something else disturbed the run."""
+
+    def __init__(self) -> None:
+        self._start = self._sample()
+
+    @staticmethod
+    def _sample() -> tuple[float, float]:
+        t = psutil.cpu_times()
+        machine = t.user + t.nice + t.system
+        me = psutil.Process()
+        ours = 0.0
+        for proc in (me, *me.children(recursive=True)):
+            with contextlib.suppress(psutil.Error):
+                times = proc.cpu_times()
+                ours += times.user + times.system
+        return float(machine), ours
+
+    def seconds(self) -> float:
+        machine, ours = self._sample()
+        return max(0.0, (machine - self._start[0]) - (ours - self._start[1]))
+
+
+@dataclass(frozen=True)
+class Measurement:
+    seconds: float
+    messages: int
+    bytes: int
+    mb_per_s: float
+    middlebox_cpu_s: float | None        # CPU seconds of the proxy process in between
+    middlebox_cpu_s_per_gb: float | None
+
+    @classmethod
+    def of(cls, seconds: float, messages: int, nbytes: int,
+           cpu_before: float | None, cpu_after: float | None) -> Measurement:
+        cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
+        return cls(seconds, messages, nbytes, nbytes / MB / seconds, cpu,
+                   None if cpu is None else cpu / (nbytes / GB))
+
+
+class WorkloadError(Exception):
+    pass
+
+
+# what a failing path raises
+WORKLOAD_FAILURES = (WorkloadError, KafkaException, TimeoutError)
+
+
+class ClientLog:
+    """librdkafka's log lines of one client, collected instead of printed so that a workload
+    can quote them (librdkafka hands them over with Python logging levels)."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[int, str]] = []
+
+    def log(self, level: int, fmt: str, *args: Any) -> None:
+        self.lines.append((level, fmt % args if args else fmt))
+
+    def summary(self, min_level: int = 0, examples: int = 2) -> str | None:
+        picked = [msg for level, msg in self.lines if level >= min_level]
+        if not picked:
+            return None
+        distinct = list(dict.fromkeys(re.sub(r"\d+ms", "Nms", msg) for msg in picked))
+        return f"librdkafka logged {len(picked)} line(s), e.g. " + " | ".join(distinct[:examples])
+
+
+class Watchdog:
+    """Ends a workload that makes no progress for ``stall_s`` or runs past ``timeout_s``."""
+
+    def __init__(self, what: str, total: int, log: ClientLog,
+                 stall_s: float = STALL_TIMEOUT_S, timeout_s: float = WORKLOAD_TIMEOUT_S) -> None:
+        self.what, self.total, self.log = what, total, log
+        self.stall_s, self.timeout_s = stall_s, timeout_s
+        self.started = self.last_progress = time.monotonic()
+        self.done = 0
+
+    def check(self, done: int) -> None:
+        now = time.monotonic()
+        if done != self.done:
+            self.done, self.last_progress = done, now
+        problem = None
+        if now - self.last_progress > self.stall_s:
+            problem = f"no progress for {self.stall_s:.0f}s"
+        elif now - self.started > self.timeout_s:
+            problem = f"not done after {self.timeout_s:.0f}s"
+        if problem:
+            log = self.log.summary()
+            raise WorkloadError(f"{self.what}: {problem}, at {done}/{self.total} messages"
+                                + (f"; {log}" if log else ""))
+
+
+def create_topic(endpoint: Endpoint, topic: str) -> None:
+    new_topic = NewTopic(topic, num_partitions=1, replication_factor=1)
+    futures = endpoint.admin.create_topics([new_topic], operation_timeout=15)
+    try:
+        futures[topic].result(timeout=30)
+    except TimeoutError:
+        raise WorkloadError(f"creating topic {topic}: no answer in 30s") from None
+
+
+def delete_topic(endpoint: Endpoint, topic: str) -> None:
+    """Best effort: frees the broker's memory between workloads."""
+    with contextlib.suppress(Exception):
+        endpoint.admin.delete_topics([topic], operation_timeout=10)[topic].result(timeout=15)
+
+
+def produce_workload(bootstrap: str, topic: str, messages: int, message_bytes: int,
+                     cpu: CpuMeter, log: ClientLog) -> Measurement:
+    errors: list[str] = []
+
+    def on_error_report(err: Any, _msg: Any) -> None:
+        if err is not None:
+            errors.append(str(err))
+
+    producer = Producer({
+        "bootstrap.servers": bootstrap,
+        "logger": log,
+        "acks": "1",
+        "linger.ms": 5,
+        "batch.size": 1_000_000,
+        "compression.type": "none",
+        "delivery.report.only.error": True,   # no per-message Python callback on success
+        "on_delivery": on_error_report,
+    })
+    producer.list_topics(topic, timeout=15)   # connect and learn the leader before timing
+    payload = os.urandom(message_bytes)
+    watchdog = Watchdog("produce", messages, log)
+
+    cpu_before, start = cpu.read(), time.perf_counter()
+    for i in range(messages):
+        while True:
+            try:
+                producer.produce(topic, payload)
+                break
+            except BufferError:               # local queue full: let librdkafka catch up
+                producer.poll(0.005)
+                watchdog.check(i - len(producer))
+        if i % 10_000 == 0:
+            producer.poll(0)
+    while remaining := producer.flush(1.0):
+        watchdog.check(messages - remaining)
+    elapsed, cpu_after = time.perf_counter() - start, cpu.read()
+
+    if errors:
+        raise WorkloadError(f"{len(errors)} delivery errors, first: {errors[0]}")
+    return Measurement.of(elapsed, messages, messages * message_bytes, cpu_before, cpu_after)
+
+
+def fetch_workload(bootstrap: str, topic: str, messages: int, cpu: CpuMeter,
+                   log: ClientLog) -> Measurement:
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap,
+        "logger": log,
+        "group.id": f"bench-{uuid.uuid4().hex}",
+        "enable.auto.commit": False,
+        "enable.partition.eof": False,
+        "auto.offset.reset": "earliest",
+        "fetch.max.bytes": 52_428_800,         # librdkafka defaults, spelt out
+        "max.partition.fetch.bytes": 1_048_576,
+        "fetch.wait.max.ms": 500,
+        "queued.max.messages.kbytes": 65_536,
+    })
+    try:
+        consumer.list_topics(topic, timeout=15)
+        received = nbytes = 0
+        watchdog = Watchdog("fetch", messages, log)
+        cpu_before, start = cpu.read(), time.perf_counter()
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        while received < messages:
+            for msg in consumer.consume(num_messages=10_000, timeout=1.0):
+                if msg.error():
+                    raise WorkloadError(f"consume error after {received} messages: {msg.error()}")
+                received += 1
+                nbytes += len(msg.value() or b"")
+            watchdog.check(received)
+        elapsed, cpu_after = time.perf_counter() - start, cpu.read()
+    finally:
+        consumer.close()
+    return Measurement.of(elapsed, received, nbytes, cpu_before, cpu_after)
+
+
+def latency_workload(bootstrap: str, topic: str, seconds: float, rate: float,
+                     message_bytes: int, warmup_messages: int) -> list[float]:
+    """Produce at a fixed rate, one request in flight; delivery latencies in ms."""
+    latencies: list[float] = []
+    errors: list[str] = []
+    log = ClientLog()
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is not None:
+            errors.append(str(err))
+        else:
+            latencies.append(msg.latency() * 1000.0)   # produce() -> delivery report, in librdkafka
+
+    producer = Producer({
+        "bootstrap.servers": bootstrap,
+        "logger": log,
+        "acks": "1",
+        "linger.ms": 0,
+        "max.in.flight.requests.per.connection": 1,
+        "compression.type": "none",
+    })
+    producer.list_topics(topic, timeout=15)
+    payload = os.urandom(message_bytes)
+    interval = 1.0 / rate
+    total = warmup_messages + round(seconds * rate)
+    next_send = time.perf_counter()
+    for _ in range(total):
+        while (wait := next_send - time.perf_counter()) > 0:
+            producer.poll(wait)
+        producer.produce(topic, payload, on_delivery=on_delivery)
+        producer.poll(0)
+        next_send += interval
+    watchdog = Watchdog("latency produce", total, log)
+    while remaining := producer.flush(1.0):
+        watchdog.check(total - remaining)
+    if errors:
+        raise WorkloadError(f"{len(errors)} delivery errors, first: {errors[0]}")
+    return latencies[warmup_messages:]   # delivery reports come in order
+
+
+# ---------------------------------------------------------------------------- profiling
+
+
+@dataclass(frozen=True)
+class ProfileResult:
+    svg: str | None
+    raw: str | None
+    native: bool                         # recorded with --native (C frames of uvloop, libc)
+    samples: int
+    idle_samples: int                    # waiting in epoll: the proxy had nothing to do
+    top_own: list[tuple[str, int]]       # (function (file), own samples), most first
+
+
+def _pyspy_record(pyspy: str, pid: int, out: Path, fmt: str, native: bool, duration_s: int,
+                  workload: Callable[[], None], log_dir: Path) -> bool:
+    argv = [pyspy, "record", "--pid", str(pid), "--output", str(out), "--format", fmt,
+            "--duration", str(duration_s), "--rate", "250", "--function",
+            *(["--native"] if native else [])]
+    recorder = ManagedProcess.spawn(f"py-spy-{fmt}", argv, log_dir)
+    try:
+        time.sleep(1.0)                       # let it attach
+        recorder.check_alive()
+        workload()
+        recorder.signal(signal.SIGINT)        # py-spy writes its output on Ctrl-C
+        recorder.popen.wait(60)
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        print(f"  py-spy ({fmt}) failed: {exc}", file=sys.stderr)
+    finally:
+        recorder.stop()
+    if not out.is_file():
+        print(f"  py-spy wrote no {out.name}; its log:\n{recorder.log_tail()}", file=sys.stderr)
+        return False
+    return True
+
+
+_LINE_NO = re.compile(r":\d+\)$")
+_UNRESOLVED = re.compile(r"^0x[0-9a-f]+ \((.+)\)$")
+_IDLE = re.compile(r"^(epoll_wait|epoll_pwait2?|poll|ppoll|select|pselect6?) \(")
+
+
+def own_time_from_raw(raw_text: str, top: int = 20) -> tuple[int, int, list[tuple[str, int]]]:
+    """py-spy raw output is collapsed stacks ``f1;f2;...;fn count``: fn has the own time.
+    Returns (samples, idle samples, top leaf frames of the busy samples)."""
+    own: Counter[str] = Counter()
+    total = idle = 0
+    for line in raw_text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        total += n
+        leaf = _LINE_NO.sub(")", stack.rsplit(";", 1)[-1])
+        if _IDLE.match(leaf):
+            idle += n
+            continue
+        own[_UNRESOLVED.sub(r"<unresolved> (\1)", leaf)] += n
+    return total, idle, own.most_common(top)
+
+
+# ---------------------------------------------------------------------------- the run
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    round: int
+    position: int                         # 0-based position of the path within the round
+    path: str
+    warmup: bool
+    produce: Measurement | None
+    fetch: Measurement | None
+    error: str | None = None
+    client_warnings: str | None = None    # librdkafka warnings, even if the workload succeeded
+
+
+@dataclass(frozen=True)
+class LatencyResult:
+    path: str
+    samples: int
+    p50_ms: float
+    p99_ms: float
+    mean_ms: float
+    max_ms: float
+
+
+@dataclass
+class BenchResult:
+    settings: Settings
+    environment: dict[str, Any]
+    pids: dict[str, int]
+    rounds: list[RoundResult] = field(default_factory=list)
+    latency: list[LatencyResult] = field(default_factory=list)
+    latency_errors: dict[str, str] = field(default_factory=dict)
+    profile: ProfileResult | None = None
+    started_at: str = ""
+    duration_s: float = 0.0
+    loadavg_at_end: tuple[float, float, float] | None = None
+    measured_s: float = 0.0              # throughput rounds + latency
+    foreign_cpu_s: float | None = None   # CPU used by other processes meanwhile
+
+
+def rotated(paths: tuple[str, ...], by: int) -> list[str]:
+    k = by % len(paths)
+    return list(paths[k:] + paths[:k])
+
+
+def run_throughput_round(endpoint: Endpoint, round_no: int, position: int,
+                         settings: Settings) -> RoundResult:
+    topic = f"bench-{endpoint.name}-r{round_no}-{uuid.uuid4().hex[:8]}"
+    cpu = CpuMeter(endpoint.middlebox.pid if endpoint.middlebox else None)
+    log = ClientLog()
+    produce = fetch = None
+    try:
+        create_topic(endpoint, topic)
+        produce = produce_workload(endpoint.bootstrap, topic, settings.messages,
+                                   settings.message_bytes, cpu, log)
+        fetch = fetch_workload(endpoint.bootstrap, topic, settings.messages, cpu, log)
+        error = None
+    except WORKLOAD_FAILURES as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        delete_topic(endpoint, topic)
+    endpoint.check_alive()                # a dead proxy ends the run, with its log
+    return RoundResult(round_no, position, endpoint.name, round_no == 0, produce, fetch, error,
+                       log.summary(min_level=logging.WARNING))
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    pos = (len(ordered) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def run_latency(endpoints: dict[str, Endpoint],
+                settings: Settings) -> tuple[list[LatencyResult], dict[str, str]]:
+    """Latency per path, and the error of each path that failed."""
+    paths = list(PATHS)
+    samples: dict[str, list[float]] = {p: [] for p in paths}
+    errors: dict[str, str] = {}
+    topics = {p: f"bench-latency-{p}-{uuid.uuid4().hex[:8]}" for p in paths}
+    try:
+        for segment, order in enumerate((paths, paths[::-1])):
+            for p in order:
+                if p in errors:
+                    continue
+                print(f"  latency segment {segment + 1}/2 {p:<12}", flush=True)
+                try:
+                    if segment == 0:
+                        create_topic(endpoints[p], topics[p])
+                    samples[p] += latency_workload(
+                        endpoints[p].bootstrap, topics[p], settings.latency_seconds / 2,
+                        settings.latency_rate, settings.latency_message_bytes,
+                        settings.latency_warmup_messages)
+                except WORKLOAD_FAILURES as exc:
+                    errors[p] = f"{type(exc).__name__}: {exc}"
+                    print(f"    ERROR {errors[p]}", flush=True)
+                endpoints[p].check_alive()
+    finally:
+        for p in paths:
+            delete_topic(endpoints[p], topics[p])
+    results = [LatencyResult(p, len(v), percentile(v, 0.5), percentile(v, 0.99),
+                             statistics.fmean(v), max(v))
+               for p, v in samples.items() if v and p not in errors]
+    return results, errors
+
+
+def run_profile(endpoint: Endpoint, settings: Settings, stamp: str,
+                workdir: Path) -> ProfileResult | None:
+    """Extra, unscored proxy produce+fetch rounds under py-spy: one for the SVG flame graph,
+    one for raw stacks to rank functions by own time."""
+    pyspy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
+    if pyspy is None or endpoint.middlebox is None:
+        print("  --profile: py-spy not found (pip install py-spy); skipping the profile")
+        return None
+    pid = endpoint.middlebox.pid
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    svg = RESULTS_DIR / f"profile-{stamp}.svg"
+    raw = RESULTS_DIR / f"profile-{stamp}.txt"
+    duration = 60 + int(4 * settings.messages * settings.message_bytes / (20 * MB))
+
+    def workload() -> None:
+        result = run_throughput_round(endpoint, -1, 0, settings)
+        print(f"  profile      {endpoint.name:<12} {_round_cell(result)}", flush=True)
+
+    native = True
+    got_svg = _pyspy_record(pyspy, pid, svg, "flamegraph", native, duration, workload, workdir)
+    if not got_svg:                       # --native needs ptrace and unwinding support
+        native = False
+        got_svg = _pyspy_record(pyspy, pid, svg, "flamegraph", native, duration, workload,
+                                workdir)
+    got_raw = _pyspy_record(pyspy, pid, raw, "raw", native, duration, workload, workdir)
+    total, idle, top = own_time_from_raw(raw.read_text()) if got_raw else (0, 0, [])
+    return ProfileResult(str(svg) if got_svg else None, str(raw) if got_raw else None,
+                         native, total, idle, top)
+
+
+def describe_environment() -> dict[str, Any]:
+    def output(argv: list[str]) -> str | None:
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=10,
+                                  cwd=BENCH_DIR).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    return {
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "confluent_kafka": confluent_kafka.version()[0],
+        "librdkafka": confluent_kafka.libversion()[0],
+        "tansu": output([tansu_binary(), "--version"]),
+        "git_commit": output(["git", "rev-parse", "HEAD"]),
+        "git_dirty": bool(output(["git", "status", "--porcelain", "--", "protocol", "proxy"])),
+        "loadavg_at_start": os.getloadavg(),
+    }
+
+
+def run_benchmark(settings: Settings, stamp: str | None = None) -> BenchResult:
+    stamp = stamp or time.strftime("%Y%m%d-%H%M%S")
+    started = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="proxy-bench-")))
+        endpoints = start_environment(stack, workdir)
+        pids = {name: ep.middlebox.pid for name, ep in endpoints.items() if ep.middlebox}
+        result = BenchResult(settings, describe_environment(), pids, started_at=stamp)
+        print(f"tansu {endpoints[DIRECT].bootstrap} | proxy {endpoints[PROXY].bootstrap} "
+              f"(pid {pids[PROXY]}) | tansu-proxy {endpoints[TANSU_PROXY].bootstrap} "
+              f"(pid {pids[TANSU_PROXY]})", flush=True)
+
+        foreign, measuring_since = ForeignCpu(), time.monotonic()
+        for round_no in range(settings.rounds + 1):
+            label = "warm-up" if round_no == 0 else f"round {round_no}/{settings.rounds}"
+            for position, name in enumerate(rotated(PATHS, round_no)):
+                r = run_throughput_round(endpoints[name], round_no, position, settings)
+                result.rounds.append(r)
+                print(f"  {label:<12} {name:<12} {_round_cell(r)}", flush=True)
+
+        result.latency, result.latency_errors = run_latency(endpoints, settings)
+        result.measured_s = time.monotonic() - measuring_since
+        result.foreign_cpu_s = foreign.seconds()
+        if settings.profile:
+            result.profile = run_profile(endpoints[PROXY], settings, stamp, workdir)
+    result.duration_s = time.monotonic() - started
+    result.loadavg_at_end = os.getloadavg()
+    return result
+
+
+# ---------------------------------------------------------------------------- summary
+
+
+@dataclass(frozen=True)
+class PathSummary:
+    path: str
+    produce_mb_s: float | None           # median over measured rounds
+    fetch_mb_s: float | None
+    produce_ratio: float | None          # median over rounds of (path / direct in that round)
+    fetch_ratio: float | None
+    produce_cpu_s_per_gb: float | None   # median, of the proxy process in between
+    fetch_cpu_s_per_gb: float | None
+    failed_rounds: int
+
+
+def _median(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def per_round_ratios(result: BenchResult, path: str, kind: str) -> list[float | None]:
+    measured = [r for r in result.rounds if not r.warmup]
+    by_round: dict[int, dict[str, RoundResult]] = {}
+    for r in measured:
+        by_round.setdefault(r.round, {})[r.path] = r
+    ratios: list[float | None] = []
+    for round_no in sorted(by_round):
+        mine = getattr(by_round[round_no].get(path), kind, None)
+        base = getattr(by_round[round_no].get(DIRECT), kind, None)
+        ratios.append(mine.mb_per_s / base.mb_per_s if mine and base else None)
+    return ratios
+
+
+def summarize(result: BenchResult) -> list[PathSummary]:
+    out = []
+    for path in PATHS:
+        rounds = [r for r in result.rounds if r.path == path and not r.warmup]
+        produce = [r.produce for r in rounds]
+        fetch = [r.fetch for r in rounds]
+        out.append(PathSummary(
+            path,
+            _median([m.mb_per_s if m else None for m in produce]),
+            _median([m.mb_per_s if m else None for m in fetch]),
+            _median(per_round_ratios(result, path, "produce")),
+            _median(per_round_ratios(result, path, "fetch")),
+            _median([m.middlebox_cpu_s_per_gb if m else None for m in produce]),
+            _median([m.middlebox_cpu_s_per_gb if m else None for m in fetch]),
+            sum(1 for r in rounds if r.error),
+        ))
+    return out
+
+
+def target_verdict(summaries: list[PathSummary]) -> tuple[bool, str]:
+    ours = next(s for s in summaries if s.path == PROXY)
+    parts, ok = [], ours.failed_rounds == 0
+    for kind, ratio in (("produce", ours.produce_ratio), ("fetch", ours.fetch_ratio)):
+        good = ratio is not None and ratio >= TARGET_RATIO
+        ok = ok and good
+        parts.append(f"{kind} {_fmt(ratio, '.2f')} {'PASS' if good else 'FAIL'}")
+    if ours.failed_rounds:
+        parts.append(f"{ours.failed_rounds} failed round(s)")
+    return ok, ", ".join(parts)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _share(part: float | None, whole: float) -> float | None:
+    return None if part is None or whole <= 0 else part / whole
+
+
+def _loadavg(values: tuple[float, ...] | None) -> str:
+    return "-" if values is None else "/".join(f"{v:.2f}" for v in values)
+
+
+def _round_cell(r: RoundResult) -> str:
+    if r.error:
+        return f"ERROR {r.error}"
+    warnings = f"  [{r.client_warnings}]" if r.client_warnings else ""
+    p, f = r.produce, r.fetch
+    assert p is not None and f is not None
+    cpu = ""
+    if p.middlebox_cpu_s is not None and f.middlebox_cpu_s is not None:
+        cpu = f"  (proxy cpu {p.middlebox_cpu_s:.2f}s / {f.middlebox_cpu_s:.2f}s)"
+    return (f"produce {p.mb_per_s:7.1f} MB/s in {p.seconds:5.2f}s  "
+            f"fetch {f.mb_per_s:7.1f} MB/s in {f.seconds:5.2f}s{cpu}{warnings}")
+
+
+def format_report(result: BenchResult) -> str:
+    s = result.settings
+    summaries = summarize(result)
+    lines = [
+        "",
+        f"kafka-quota-proxy benchmark ({'quick, ' if s.quick else ''}1 warm-up + {s.rounds} "
+        f"rounds, {s.messages} x {s.message_bytes} B per workload, 1 partition, acks=1, "
+        f"linger.ms=5, batch.size=1MB; MB = 10^6 B; {result.environment['cpus']} CPUs)",
+        "",
+        "throughput: median over rounds; ratio = median of the per-round ratios to direct",
+        f"  {'path':<12} {'produce MB/s':>12} {'fetch MB/s':>11} {'produce/direct':>15} "
+        f"{'fetch/direct':>13} {'failed':>7}",
+    ]
+    for p in summaries:
+        lines.append(
+            f"  {p.path:<12} {_fmt(p.produce_mb_s, '.1f'):>12} {_fmt(p.fetch_mb_s, '.1f'):>11} "
+            f"{_fmt(p.produce_ratio, '.2f'):>15} {_fmt(p.fetch_ratio, '.2f'):>13} "
+            f"{p.failed_rounds:>7}")
+
+    lines += ["", "per round, MB/s produce / fetch (order = measuring order in that round)"]
+    lines.append(f"  {'round':<6} {'order':<30} " + " ".join(f"{p:>15}" for p in PATHS))
+    for round_no in sorted({r.round for r in result.rounds}):
+        rs = sorted((r for r in result.rounds if r.round == round_no), key=lambda r: r.position)
+        by_path = {r.path: r for r in rs}
+        cells = []
+        for path in PATHS:
+            r = by_path.get(path)
+            if r is None or r.error or r.produce is None or r.fetch is None:
+                cells.append(f"{'ERROR':>15}")
+            else:
+                cells.append(f"{r.produce.mb_per_s:>7.1f}/{r.fetch.mb_per_s:<7.1f}")
+        name = "warm" if round_no == 0 else str(round_no)
+        lines.append(f"  {name:<6} {','.join(r.path for r in rs):<30} " + " ".join(cells))
+    for path in (PROXY, TANSU_PROXY):
+        for kind in ("produce", "fetch"):
+            ratios = per_round_ratios(result, path, kind)
+            lines.append(f"  {path + '/direct ' + kind:<30} per round: "
+                         + " ".join(_fmt(x, '.2f') for x in ratios))
+
+    lines += ["", f"latency: {s.latency_message_bytes} B messages at {s.latency_rate:.0f} msg/s, "
+              f"linger.ms=0, acks=1, 1 in flight, {s.latency_seconds:.0f} s per path "
+              "(produce() -> delivery report)"]
+    lines.append(f"  {'path':<12} {'n':>6} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8} "
+                 f"{'max ms':>8} {'p50/direct':>11} {'p99/direct':>11}")
+    base = next((lat for lat in result.latency if lat.path == DIRECT), None)
+    for lat in result.latency:
+        r50 = lat.p50_ms / base.p50_ms if base else None
+        r99 = lat.p99_ms / base.p99_ms if base else None
+        lines.append(f"  {lat.path:<12} {lat.samples:>6} {lat.p50_ms:>8.3f} {lat.p99_ms:>8.3f} "
+                     f"{lat.mean_ms:>8.3f} {lat.max_ms:>8.3f} {_fmt(r50, '.2f'):>11} "
+                     f"{_fmt(r99, '.2f'):>11}")
+
+    lines += ["", "proxy process CPU (user+sys) per GB forwarded, median over rounds"]
+    lines.append(f"  {'path':<12} {'produce s/GB':>13} {'fetch s/GB':>11}")
+    for p in summaries:
+        if p.path != DIRECT:
+            lines.append(f"  {p.path:<12} {_fmt(p.produce_cpu_s_per_gb, '.2f'):>13} "
+                         f"{_fmt(p.fetch_cpu_s_per_gb, '.2f'):>11}")
+
+    if result.profile is not None:
+        prof = result.profile
+        busy = max(prof.samples - prof.idle_samples, 1)
+        lines += ["", f"py-spy profile of the proxy (extra unscored rounds, "
+                      f"{'with' if prof.native else 'without'} native frames): {prof.samples} "
+                      f"samples, {100 * prof.idle_samples / max(prof.samples, 1):.0f}% idle in "
+                      "epoll; top functions by own time, % of the busy samples"]
+        for frame, count in prof.top_own:
+            lines.append(f"  {100 * count / busy:5.1f}%  {frame}")
+        lines.append(f"  flame graph: {prof.svg or '-'}")
+        lines.append(f"  raw stacks:  {prof.raw or '-'}")
+
+    errors = [f"  round {r.round} {r.path}: {r.error}" for r in result.rounds if r.error]
+    errors += [f"  latency {path}: {error}" for path, error in result.latency_errors.items()]
+    if errors:
+        lines += ["", "errors:", *errors]
+
+    ok, detail = target_verdict(summaries)
+    lines += ["", f"target: proxy/direct >= {TARGET_RATIO} for produce and fetch (median): "
+                  f"{'PASS' if ok else 'FAIL'} ({detail})",
+              f"total time {result.duration_s:.0f} s; load average (1/5/15 min) at start "
+              f"{_loadavg(result.environment['loadavg_at_start'])}, at end "
+              f"{_loadavg(result.loadavg_at_end)}",
+              f"other processes used {_fmt(result.foreign_cpu_s, '.1f')} CPU-s during the "
+              f"{result.measured_s:.0f} s of measurements "
+              f"({_fmt(_share(result.foreign_cpu_s, result.measured_s), '.0%')} of one core; "
+              "should be near 0)"]
+    return "\n".join(lines)
+
+
+def result_to_json(result: BenchResult) -> dict[str, Any]:
+    data = asdict(result)
+    data["summary"] = [asdict(s) for s in summarize(result)]
+    ok, detail = target_verdict(summarize(result))
+    data["target"] = {"ratio": TARGET_RATIO, "pass": ok, "detail": detail}
+    return data
+
+
+def write_json(result: BenchResult) -> Path:
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"proxy_bench-{result.started_at}.json"
+    path.write_text(json.dumps(result_to_json(result), indent=2) + "\n")
+    return path
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+class Terminated(BaseException):
+    """SIGTERM/SIGHUP, turned into an exception so ``finally`` blocks stop the children."""
+
+
+class SignalGuard:
+    """Turns SIGINT/SIGTERM/SIGHUP into exceptions (so ``finally`` blocks stop the children)
+    and remembers the signal: a librdkafka call it interrupts may surface as ``SystemError``
+    ("returned NULL without setting an exception") instead of ``KeyboardInterrupt``."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handler(self, signum: int, _frame: Any) -> None:
+        self.received = signal.Signals(signum).name
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise Terminated(self.received)
+
+    def __enter__(self) -> SignalGuard:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) is not signal.SIG_IGN:   # respect nohup and friends
+                self._previous[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._previous.items():
+            signal.signal(sig, old)
+
+
+def parse_args(argv: list[str] | None) -> Settings:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, help="measured rounds after the warm-up (5)")
+    parser.add_argument("--messages", type=int, help="messages per workload (200000)")
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke check: 2 rounds of 50000 messages, 2 s latency per path")
+    parser.add_argument("--profile", action="store_true",
+                        help="record the proxy with py-spy during an extra, unscored round")
+    args = parser.parse_args(argv)
+    overrides: dict[str, Any] = {"profile": args.profile}
+    if args.rounds is not None:
+        overrides["rounds"] = args.rounds
+    if args.messages is not None:
+        overrides["messages"] = args.messages
+    settings = Settings.quick_mode(**overrides) if args.quick else Settings(**overrides)
+    if settings.rounds < 1 or settings.messages < 1:
+        parser.error("--rounds and --messages must be at least 1")
+    return settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = parse_args(argv)
+    guard = SignalGuard()
+    try:
+        with guard:
+            result = run_benchmark(settings)
+    except (KeyboardInterrupt, Terminated, SystemError):
+        if guard.received is None:
+            raise
+        print(f"\ninterrupted by {guard.received}; child processes stopped", file=sys.stderr)
+        return 130
+    print(format_report(result))
+    print(f"results: {write_json(result)}")
+    ok, _ = target_verdict(summarize(result))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
