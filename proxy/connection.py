@@ -132,6 +132,7 @@ class ProxiedConnection(asyncio.Protocol):
             self.close("client_closed")
 
     def pause_writing(self) -> None:  # client is slow: stop reading the broker
+        self.proxy.stats.backpressure["client_slow"] += 1
         if self.upstream is not None:
             self.upstream.gate.pause("client_backpressure")
 
@@ -230,6 +231,7 @@ class UpstreamSide(asyncio.Protocol):
         )
 
     def pause_writing(self) -> None:  # broker is slow: stop reading the client
+        self.conn.proxy.stats.backpressure["upstream_slow"] += 1
         self.conn.client_gate.pause("upstream_backpressure")
 
     def resume_writing(self) -> None:

@@ -49,7 +49,10 @@ class ProxyStats:
         self.latency_buckets: dict[int, list[int]] = {}  # api key -> counts per bucket (+Inf last)
         self.latency_sum: dict[int, float] = defaultdict(float)
         self.rewritten: dict[int, int] = {}
+        # which side was slow -> times reading from the other side was paused
+        self.backpressure: dict[str, int] = defaultdict(int)
         self.node_endpoints_dropped: Callable[[], int] = lambda: 0
+        self.client_write_buffered: Callable[[], int] = lambda: 0
         self.brokers_known: Callable[[], int] = lambda: 0
 
     def observe_latency(self, api_key: int, seconds: float) -> None:
@@ -117,6 +120,20 @@ class _Collector(Collector):
                 cumulative.append((bound, acc))
             h.add_metric([api_name(key)], cumulative, s.latency_sum[key])
         yield h
+        g = GaugeMetricFamily(
+            "kafka_proxy_client_write_buffer_bytes",
+            "Bytes waiting in the proxy's write buffers towards clients",
+        )
+        g.add_metric([], s.client_write_buffered())
+        yield g
+        c = CounterMetricFamily(
+            "kafka_proxy_backpressure_pauses",
+            "Times reading one side paused because the other side's write buffer was full",
+            labels=["slow_side"],
+        )
+        for k, v in s.backpressure.items():
+            c.add_metric([k], v)
+        yield c
         c = CounterMetricFamily(
             "kafka_proxy_node_endpoints_dropped",
             "KIP-951 node_endpoints dropped because the proxy address did not fit in place",

@@ -43,6 +43,9 @@ class Proxy:
         self.rewriter = ResponseRewriter(self.registry)
         self.stats.rewritten = self.rewriter.rewritten
         self.stats.node_endpoints_dropped = lambda: self.rewriter.node_endpoints_dropped
+        self.stats.client_write_buffered = lambda: sum(
+            c.transport.get_write_buffer_size() for c in self.connections if c.transport
+        )
         self.connections: set[ProxiedConnection] = set()
         self.servers: dict[str, asyncio.AbstractServer] = {}
         self.draining = False
