@@ -15,7 +15,7 @@ from typing import Any
 
 from proxy import logs
 from proxy.config import parse_config
-from proxy.embedded_broker import TansuBroker, free_port
+from proxy.embedded_broker import TansuBroker, free_port, free_port_range
 from proxy.server import Proxy
 
 TOPIC = "demo-events"
@@ -28,22 +28,6 @@ class ClientCounters:
     errors: list[str] = field(default_factory=list)
     seen: set[bytes] = field(default_factory=set)
     duplicates: int = 0
-
-
-def _free_range(size: int = 10) -> tuple[int, int]:
-    import random
-    import socket
-
-    for _ in range(100):
-        base = random.randint(20000, 55000)
-        try:
-            for p in range(base, base + size):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-        return base, base + size - 1
-    raise RuntimeError("no free port range found")
 
 
 def _producer(
@@ -157,7 +141,7 @@ def _table(proxy: Proxy, previous: dict[str, list[int]], interval: float) -> str
 async def _run(seconds: float, rate: int, workdir: Path) -> int:
     broker = TansuBroker(log_path=str(workdir / "tansu.log")).start()
     bootstrap_port = free_port()
-    first, last = _free_range()
+    first, last = free_port_range(10)
     config = parse_config(
         f"""
 listeners:

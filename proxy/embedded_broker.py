@@ -35,6 +35,22 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def free_port_range(size: int, host: str = "127.0.0.1") -> tuple[int, int]:
+    """``(first, last)`` of ``size`` consecutive ports that are all free right now."""
+    import random
+
+    for _ in range(200):
+        first = random.randint(20000, 60000 - size)
+        try:
+            for port in range(first, first + size):
+                with socket.socket() as s:
+                    s.bind((host, port))
+        except OSError:
+            continue
+        return first, first + size - 1
+    raise RuntimeError(f"no {size} consecutive free ports found")
+
+
 def wait_for_port(host: str, port: int, timeout: float = 20.0) -> None:
     deadline = time.monotonic() + timeout
     while True:

@@ -70,32 +70,25 @@ class ProxyStats:
         return c
 
 
+def _family(kind: Any, name: str, doc: str, label: str, values: dict[str, int]) -> Any:
+    family = kind(name, doc, labels=[label])
+    for key, value in values.items():
+        family.add_metric([key], value)
+    return family
+
+
 class _Collector(Collector):
     def __init__(self, stats: ProxyStats) -> None:
         self.stats = stats
 
     def collect(self) -> Iterator[Any]:
         s = self.stats
-        g = GaugeMetricFamily(
-            "kafka_proxy_connections", "Open client connections", labels=["listener"]
-        )
-        for k, v in s.connections_open.items():
-            g.add_metric([k], v)
-        yield g
-        c = CounterMetricFamily(
-            "kafka_proxy_connections_accepted", "Client connections accepted", labels=["listener"]
-        )
-        for k, v in s.connections_total.items():
-            c.add_metric([k], v)
-        yield c
-        c = CounterMetricFamily(
-            "kafka_proxy_connections_closed",
-            "Client connections closed, by reason",
-            labels=["reason"],
-        )
-        for k, v in s.closed.items():
-            c.add_metric([k], v)
-        yield c
+        yield _family(GaugeMetricFamily, "kafka_proxy_connections", "Open client connections",
+                      "listener", s.connections_open)
+        yield _family(CounterMetricFamily, "kafka_proxy_connections_accepted",
+                      "Client connections accepted", "listener", s.connections_total)
+        yield _family(CounterMetricFamily, "kafka_proxy_connections_closed",
+                      "Client connections closed, by reason", "reason", s.closed)
         counters: tuple[tuple[str, str, dict[int, int]], ...] = (
             ("kafka_proxy_requests", "Requests forwarded, by API", s.requests),
             ("kafka_proxy_request_bytes", "Request bytes forwarded, by API", s.request_bytes),
@@ -103,10 +96,8 @@ class _Collector(Collector):
             ("kafka_proxy_responses_rewritten", "Responses rewritten, by API", s.rewritten),
         )
         for name, doc, data in counters:
-            c = CounterMetricFamily(name, doc, labels=["api"])
-            for key, v in sorted(data.items()):
-                c.add_metric([api_name(key)], v)
-            yield c
+            by_name = {api_name(key): v for key, v in sorted(data.items())}
+            yield _family(CounterMetricFamily, name, doc, "api", by_name)
         h = HistogramMetricFamily(
             "kafka_proxy_upstream_latency_seconds",
             "Time from forwarding a request to its response arriving",
@@ -126,14 +117,9 @@ class _Collector(Collector):
         )
         g.add_metric([], s.client_write_buffered())
         yield g
-        c = CounterMetricFamily(
-            "kafka_proxy_backpressure_pauses",
-            "Times reading one side paused because the other side's write buffer was full",
-            labels=["slow_side"],
-        )
-        for k, v in s.backpressure.items():
-            c.add_metric([k], v)
-        yield c
+        yield _family(CounterMetricFamily, "kafka_proxy_backpressure_pauses",
+                      "Times reading one side paused because the other side's write buffer "
+                      "was full", "slow_side", s.backpressure)
         c = CounterMetricFamily(
             "kafka_proxy_node_endpoints_dropped",
             "KIP-951 node_endpoints dropped because the proxy address did not fit in place",

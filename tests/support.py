@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -18,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from proxy.embedded_broker import free_port, wait_for_port
+from proxy.embedded_broker import free_port, free_port_range, wait_for_port
 
 T = TypeVar("T")
 
@@ -35,23 +34,6 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
-
-
-def free_port_range(size: int = 20) -> tuple[int, int]:
-    """A range of ``size`` ports that are free right now."""
-    for _ in range(200):
-        base = random.randint(20000, 55000)
-        ok = True
-        for p in range(base, base + size):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", p))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base, base + size - 1
-    raise RuntimeError("no free port range")
 
 
 @dataclass
@@ -84,7 +66,7 @@ class ProxyProcess:
         if not self.bootstrap_port:
             self.bootstrap_port = free_port()
             self.metrics_port = free_port()
-            self.ports = free_port_range()
+            self.ports = free_port_range(20)
         self.config_path.write_text(
             f"""listeners:
   bootstrap: "127.0.0.1:{self.bootstrap_port}"

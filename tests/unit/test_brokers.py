@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 
 from proxy.brokers import Broker, BrokerPortsExhausted, BrokerRegistry
 from proxy.config import PortRange, parse_config
+from proxy.embedded_broker import free_port, free_port_range
 
 
 def _registry(first: int = 9193, last: int = 9292, refuse: set[int] | None = None
@@ -71,25 +71,13 @@ def test_exhausted_range_raises() -> None:
         registry.advertise(2, "c", 1, None)
 
 
-def _free_range(size: int = 5) -> int:
-    for base in range(41000, 60000, 97):
-        try:
-            for p in range(base, base + size):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free range")
-
-
 async def test_new_broker_gets_a_listening_port_at_once() -> None:
     from proxy.server import Proxy
 
-    base = _free_range()
+    base, _ = free_port_range(5)
     config = parse_config(f"""
 listeners:
-  bootstrap: "127.0.0.1:{base + 10}"
+  bootstrap: "127.0.0.1:{free_port()}"
   advertised_host: "127.0.0.1"
   broker_ports: "{base}-{base + 4}"
 upstream:

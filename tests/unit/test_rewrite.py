@@ -65,6 +65,26 @@ def rewrite(
     return result, addresses, head
 
 
+def _check_list_rewrite(api_key: int, version: int, value: Any, field: str,
+                        id_field: str = "node_id") -> Any:
+    """Rewrite ``value``: every entity of ``value.<field>`` gets the proxy address (the rest is
+    untouched), the AddressMap saw each one, and an unchanged response is not re-encoded.
+    Returns the decoded result (or ``value`` when nothing changed)."""
+    entities = getattr(value, field)
+    expected = dataclasses.replace(
+        value, **{field: tuple(proxied(e, id_field) for e in entities)}
+    )
+    result, addresses, head = rewrite(api_key, version, kio_encode(value))
+    assert addresses.calls == _advertised(entities, id_field)
+    if expected == value:
+        assert result is None
+        return value
+    assert result is not None and result.startswith(head)
+    decoded = kio_decode(response_class(api_key, version), result[len(head) :])
+    assert decoded == expected
+    return decoded
+
+
 def _advertised(entities: tuple[Any, ...], id_field: str = "node_id") -> list[tuple[Any, ...]]:
     return [
         (getattr(e, id_field), e.host, e.port, getattr(e, "rack", None))
@@ -81,20 +101,12 @@ def _advertised(entities: tuple[Any, ...], id_field: str = "node_id") -> list[tu
 @given(data=st.data())
 def test_metadata(version: int, data: Any):
     value = data.draw(kio_values(response_class(METADATA, version)))
-    expected = dataclasses.replace(value, brokers=tuple(proxied(b) for b in value.brokers))
-    result, addresses, head = rewrite(METADATA, version, kio_encode(value))
-    assert addresses.calls == _advertised(value.brokers)
-    if expected == value:
-        assert result is None
-    else:
-        assert result is not None and result.startswith(head)
-        decoded = kio_decode(response_class(METADATA, version), result[len(head) :])
-        assert decoded == expected
-        assert all(
-            (b.host, b.port) == (PROXY_HOST, PROXY_PORT_BASE + b.node_id)
-            for b in decoded.brokers
-            if b.node_id >= 0
-        )
+    decoded = _check_list_rewrite(METADATA, version, value, "brokers")
+    assert all(
+        (b.host, b.port) == (PROXY_HOST, PROXY_PORT_BASE + b.node_id)
+        for b in decoded.brokers
+        if b.node_id >= 0
+    )
 
 
 @pytest.mark.parametrize("version", versions(DESCRIBE_CLUSTER))
@@ -102,18 +114,7 @@ def test_metadata(version: int, data: Any):
 @given(data=st.data())
 def test_describe_cluster(version: int, data: Any):
     value = data.draw(kio_values(response_class(DESCRIBE_CLUSTER, version)))
-    expected = dataclasses.replace(
-        value, brokers=tuple(proxied(b, "broker_id") for b in value.brokers)
-    )
-    result, addresses, head = rewrite(DESCRIBE_CLUSTER, version, kio_encode(value))
-    assert addresses.calls == _advertised(value.brokers, "broker_id")
-    if expected == value:
-        assert result is None
-    else:
-        assert result is not None and result.startswith(head)
-        assert kio_decode(response_class(DESCRIBE_CLUSTER, version), result[len(head) :]) == (
-            expected
-        )
+    _check_list_rewrite(DESCRIBE_CLUSTER, version, value, "brokers", "broker_id")
 
 
 def test_describe_cluster_by_hand():
@@ -165,17 +166,7 @@ def test_find_coordinator_single(version: int, data: Any):
 @given(data=st.data())
 def test_find_coordinator_batched(version: int, data: Any):
     value = data.draw(kio_values(response_class(FIND_COORDINATOR, version)))
-    expected = dataclasses.replace(
-        value, coordinators=tuple(proxied(c) for c in value.coordinators)
-    )
-    result, addresses, head = rewrite(FIND_COORDINATOR, version, kio_encode(value))
-    assert addresses.calls == _advertised(value.coordinators)
-    if expected == value:
-        assert result is None
-    else:
-        assert result is not None and result.startswith(head)
-        decoded = kio_decode(response_class(FIND_COORDINATOR, version), result[len(head) :])
-        assert decoded == expected
+    _check_list_rewrite(FIND_COORDINATOR, version, value, "coordinators")
 
 
 def test_find_coordinator_forms_cover_all_kio_versions():
@@ -225,16 +216,7 @@ def test_find_coordinator_batched_error_entry_untouched(version: int):
 @given(data=st.data())
 def test_share_fetch_and_acknowledge(api_key: int, version: int, data: Any):
     value = data.draw(kio_values(response_class(api_key, version)))
-    expected = dataclasses.replace(
-        value, node_endpoints=tuple(proxied(n) for n in value.node_endpoints)
-    )
-    result, addresses, head = rewrite(api_key, version, kio_encode(value))
-    assert addresses.calls == _advertised(value.node_endpoints)
-    if expected == value:
-        assert result is None
-    else:
-        assert result is not None and result.startswith(head)
-        assert kio_decode(response_class(api_key, version), result[len(head) :]) == expected
+    _check_list_rewrite(api_key, version, value, "node_endpoints")
 
 
 def test_flexible_response_header_tags_are_preserved():
