@@ -59,6 +59,44 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_quotas(path: str) -> Any:
+    try:
+        return load_config(path).quotas
+    except ConfigError as exc:
+        print(f"{path}: invalid configuration:", file=sys.stderr)
+        for line in exc.errors:
+            print(f"  {line}", file=sys.stderr)
+        return None
+
+
+def _cmd_quotas_resolve(args: argparse.Namespace) -> int:
+    import json
+
+    from proxy.quotas_cli import resolve_json
+
+    quotas = _load_quotas(args.config)
+    if quotas is None:
+        return 1
+    print(json.dumps(resolve_json(quotas, args.user, args.client_id), indent=2))
+    return 0
+
+
+def _cmd_quotas_simulate(args: argparse.Namespace) -> int:
+    from proxy.quotas_cli import run_simulate
+
+    quotas = _load_quotas(args.config)
+    if quotas is None:
+        return 1
+    if args.events == "-":
+        return run_simulate(quotas, sys.stdin, sys.stdout)
+    try:
+        with open(args.events, encoding="utf-8") as events:
+            return run_simulate(quotas, events, sys.stdout)
+    except OSError as exc:
+        print(f"{args.events}: cannot read: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from proxy.demo import run_demo
 
@@ -95,6 +133,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--rate", type=int, default=2000, help="messages per second to produce")
     p.set_defaults(func=_cmd_demo)
+    q = sub.add_parser("quotas", help="what-if tools over the proxy's quota engine")
+    qsub = q.add_subparsers(dest="quotas_command", required=True, metavar="COMMAND")
+    p = qsub.add_parser("resolve", help="which quota entity and limits apply to a user/client-id")
+    p.add_argument("--config", required=True, metavar="FILE")
+    p.add_argument("--user", default="ANONYMOUS", help="principal name (default ANONYMOUS)")
+    p.add_argument("--client-id", default="", dest="client_id")
+    p.set_defaults(func=_cmd_quotas_resolve)
+    p = qsub.add_parser("simulate", help="run JSON-lines events through the quota engine and "
+                        "print each record's throttle time")
+    p.add_argument("--config", required=True, metavar="FILE")
+    p.add_argument("--events", required=True, metavar="FILE", help="JSON lines, or - for stdin")
+    p.set_defaults(func=_cmd_quotas_simulate)
     return parser
 
 

@@ -12,7 +12,18 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from quota.entities import DEFAULT, DEFAULT_NAME, EntityKey, Name, QuotaType
+from quota.manager import QuotaSettings
 
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024
 
@@ -152,12 +163,72 @@ class NetworkConfig(_Model):
         return self
 
 
+class QuotaWindowConfig(_Model):
+    samples: int = Field(default=11, ge=1, le=1000, description="Kafka quota.window.num")
+    size_seconds: int = Field(
+        default=1, ge=1, le=3600, description="Kafka quota.window.size.seconds"
+    )
+
+
+class QuotaEntityConfig(_Model):
+    """One quota entity: ``user``, ``client-id`` or both (``"<default>"`` = the default
+    entity), and at least one quota."""
+
+    user: str | None = None
+    client_id: str | None = Field(
+        default=None, validation_alias=AliasChoices("client-id", "client_id")
+    )
+    producer_byte_rate: int | None = Field(default=None, gt=0)
+    consumer_byte_rate: int | None = Field(default=None, gt=0)
+    request_percentage: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _complete(self) -> QuotaEntityConfig:
+        if self.user is None and self.client_id is None:
+            raise ValueError("an entity names a user, a client-id, or both")
+        if not self.quotas():
+            raise ValueError(
+                "set at least one of producer_byte_rate, consumer_byte_rate, request_percentage"
+            )
+        return self
+
+    def key(self) -> EntityKey:
+        def name(value: str | None) -> Name | None:
+            return DEFAULT if value == DEFAULT_NAME else value
+
+        return EntityKey(name(self.user), name(self.client_id))
+
+    def quotas(self) -> dict[QuotaType, float]:
+        return {
+            qt: float(v) for qt in QuotaType if (v := getattr(self, qt.value)) is not None
+        }
+
+
+class QuotasConfig(_Model):
+    window: QuotaWindowConfig = QuotaWindowConfig()
+    cap_byte_rate_throttle: bool = Field(
+        default=False,
+        description="Bound byte-rate throttles at one window, like request-time throttles "
+        "(Kafka leaves them unbounded).",
+    )
+    entities: list[QuotaEntityConfig] = []
+
+    def settings(self) -> QuotaSettings:
+        return QuotaSettings(
+            samples=self.window.samples,
+            window_ms=self.window.size_seconds * 1000,
+            cap_byte_rate_throttle=self.cap_byte_rate_throttle,
+            entities={e.key(): e.quotas() for e in self.entities},
+        )
+
+
 class ProxyConfig(_Model):
     listeners: ListenersConfig
     upstream: UpstreamConfig
     metrics: MetricsConfig = MetricsConfig()
     logging: LoggingConfig = LoggingConfig()
     network: NetworkConfig = NetworkConfig()
+    quotas: QuotasConfig = QuotasConfig()
 
 
 _WILDCARDS = {"", "0.0.0.0", "::", "*"}
@@ -180,9 +251,9 @@ def _may_collide(a: str, b: str) -> bool:
     return bool(_addresses(a) & _addresses(b))
 
 
-def cross_checks(config: ProxyConfig) -> list[tuple[tuple[str, ...], str]]:
+def cross_checks(config: ProxyConfig) -> list[tuple[tuple[str | int, ...], str]]:
     """Checks across fields, each reported at the field that has to change."""
-    problems: list[tuple[tuple[str, ...], str]] = []
+    problems: list[tuple[tuple[str | int, ...], str]] = []
     listeners = config.listeners
     if listeners.bootstrap.port in listeners.broker_ports and _may_collide(
         listeners.bootstrap.host, listeners.broker_host
@@ -208,6 +279,17 @@ def cross_checks(config: ProxyConfig) -> list[tuple[tuple[str, ...], str]]:
                 f"metrics.listen port {listen.port} collides with a proxy listener",
             )
         )
+    seen: dict[EntityKey, int] = {}
+    for i, entity in enumerate(config.quotas.entities):
+        key = entity.key()
+        if key in seen:
+            problems.append(
+                (
+                    ("quotas", "entities", i),
+                    f"entity {key.path} is already configured at quotas.entities.{seen[key]}",
+                )
+            )
+        seen.setdefault(key, i)
     return problems
 
 
@@ -323,5 +405,7 @@ def summarize(config: ProxyConfig) -> str:
         f"upstream bootstrap : {', '.join(str(s) for s in config.upstream.bootstrap_servers)}",
         f"metrics            : {config.metrics.listen or 'off'}",
         f"max frame bytes    : {config.network.max_frame_bytes}",
+        f"quota entities     : {len(config.quotas.entities)} "
+        f"(window {config.quotas.window.samples} x {config.quotas.window.size_seconds} s)",
     ]
     return "\n".join(lines)

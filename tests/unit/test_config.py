@@ -280,10 +280,10 @@ def test_unknown_key_nested() -> None:
 
 
 def test_unknown_key_top_level_and_deep() -> None:
-    text = BASE + "quotas:\n  default: 1\nnetwork:\n  shutdown_timeout_seconds: 1\n  bogus: 2\n"
+    text = BASE + "throttles:\n  default: 1\nnetwork:\n  shutdown_timeout_seconds: 1\n  bogus: 2\n"
     errors = errors_of(text)
     assert sorted(errors) == sorted([
-        f"{SOURCE}:7:1: quotas: unknown key",
+        f"{SOURCE}:7:1: throttles: unknown key",
         f"{SOURCE}:11:3: network.bogus: unknown key",
     ])
 

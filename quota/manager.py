@@ -1,0 +1,119 @@
+"""The quota manager: one sensor (sampled rate + bound) per shared budget, per quota type.
+
+``record`` is Kafka's ``recordAndGetThrottleTimeMs``: record the value, measure, and return the
+throttle time (0 when within quota). Config changes apply to live sensors: bounds are updated,
+and since the budget a connection records into is resolved on every record, an entity whose
+matching level changes moves to its new shared budget at once. Sensors idle for
+``idle_expiry_ms`` (Kafka: one hour) are dropped by ``expire``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+from quota.entities import EntityKey, QuotaType, Resolution, Tags, quota_limit, resolve
+from quota.sampled import SampledRate
+from quota.throttle import throttle_time_ms
+
+ONE_HOUR_MS = 3_600_000
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaSettings:
+    samples: int = 11  # Kafka quota.window.num
+    window_ms: int = 1000  # Kafka quota.window.size.seconds
+    # Kafka bounds request-time throttles at one window and leaves byte-rate throttles unbounded.
+    cap_byte_rate_throttle: bool = False
+    entities: Mapping[EntityKey, Mapping[QuotaType, float]] = field(default_factory=dict)
+
+    def for_type(self, quota_type: QuotaType) -> dict[EntityKey, float]:
+        return {k: v[quota_type] for k, v in self.entities.items() if quota_type in v}
+
+
+@dataclass(slots=True)
+class Sensor:
+    quota_type: QuotaType
+    tags: Tags
+    rate: SampledRate
+    bound: float | None
+    entity: EntityKey | None
+    last_record_ms: int
+    throttled_requests: int = 0
+    throttle_ms_total: int = 0
+
+
+def percent_of_thread(request_time_ms: float) -> float:
+    """Kafka records request time as a percentage of one thread: 10 ms per second = 1%."""
+    return request_time_ms / 10.0
+
+
+class QuotaManager:
+    def __init__(self, settings: QuotaSettings, idle_expiry_ms: int = ONE_HOUR_MS) -> None:
+        self.idle_expiry_ms = idle_expiry_ms
+        self.sensors: dict[tuple[QuotaType, Tags], Sensor] = {}
+        self.settings = settings
+        self._by_type = {qt: settings.for_type(qt) for qt in QuotaType}
+
+    # ------------------------------------------------------------------ configuration
+    def update(self, settings: QuotaSettings) -> None:
+        """Apply new quotas to live sensors (a new window shape starts sensors afresh)."""
+        reshape = (settings.samples, settings.window_ms) != (
+            self.settings.samples, self.settings.window_ms)
+        self.settings = settings
+        self._by_type = {qt: settings.for_type(qt) for qt in QuotaType}
+        if reshape:
+            self.sensors.clear()
+            return
+        for sensor in self.sensors.values():
+            sensor.bound, sensor.entity = quota_limit(self._by_type[sensor.quota_type],
+                                                      sensor.tags)
+
+    def resolve(self, quota_type: QuotaType, user: str, client_id: str) -> Resolution:
+        return resolve(self._by_type[quota_type], quota_type, user, client_id)
+
+    def enabled(self, quota_type: QuotaType) -> bool:
+        """Whether any entity has a quota of this type (if not, nothing can be throttled)."""
+        return bool(self._by_type[quota_type])
+
+    # ------------------------------------------------------------------ recording
+    def sensor(self, quota_type: QuotaType, user: str, client_id: str, now_ms: int) -> Sensor:
+        resolution = self.resolve(quota_type, user, client_id)
+        key = (quota_type, resolution.tags)
+        sensor = self.sensors.get(key)
+        if sensor is None:
+            sensor = self.sensors[key] = Sensor(
+                quota_type, resolution.tags,
+                SampledRate(self.settings.samples, self.settings.window_ms),
+                resolution.limit, resolution.entity, now_ms)
+        return sensor
+
+    def record(self, quota_type: QuotaType, user: str, client_id: str, value: float,
+               now_ms: int) -> int:
+        """Record ``value`` (bytes, or percent-of-thread for request quotas) and return the
+        throttle time in ms."""
+        sensor = self.sensor(quota_type, user, client_id, now_ms)
+        sensor.rate.record(value, now_ms)
+        sensor.last_record_ms = now_ms
+        if sensor.bound is None:
+            return 0
+        rate, window = sensor.rate.measure(now_ms)
+        cap = None
+        if quota_type is QuotaType.REQUEST or self.settings.cap_byte_rate_throttle:
+            cap = self.settings.window_ms
+        throttle = throttle_time_ms(rate, sensor.bound, window, cap)
+        if throttle:
+            sensor.throttled_requests += 1
+            sensor.throttle_ms_total += throttle
+        return throttle
+
+    def expire(self, now_ms: int) -> int:
+        """Drop sensors with no record for ``idle_expiry_ms``; return how many."""
+        idle = [k for k, s in self.sensors.items()
+                if now_ms - s.last_record_ms >= self.idle_expiry_ms]
+        for k in idle:
+            del self.sensors[k]
+        return len(idle)
+
+    def __iter__(self) -> Iterator[Sensor]:
+        return iter(self.sensors.values())

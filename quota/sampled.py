@@ -1,0 +1,76 @@
+"""Kafka's sampled rate (``SampledStat`` + ``WindowedSum`` + ``Rate``), with time in ms.
+
+- ``samples`` windows of ``window_ms`` each, kept in a ring of ``samples + 1`` slots (one extra
+  so that purging still leaves ``samples`` windows).
+- ``record(v, t)``: if the current sample is complete (``t - start >= window_ms``) advance to
+  the next slot and reset it with ``start = t`` (windows start at the first record, not on
+  aligned boundaries); add ``v``; set that sample's last-event time to ``t``.
+- ``measure(t)``: purge (reset with start = t) every sample whose last event is at least
+  ``samples * window_ms`` old; ``W = t - min(start)``, padded to ``(samples - 1)`` full windows
+  when fewer have elapsed, at least 1 ms; rate = sum / (W in seconds).
+"""
+
+from __future__ import annotations
+
+
+class SampledRate:
+    __slots__ = ("_current", "_last", "_starts", "_values", "samples", "window_ms")
+
+    def __init__(self, samples: int, window_ms: int) -> None:
+        if samples < 1 or window_ms < 1:
+            raise ValueError("samples and window_ms must be positive")
+        self.samples = samples
+        self.window_ms = window_ms
+        self._starts: list[int] = []
+        self._last: list[int] = []
+        self._values: list[float] = []
+        self._current = 0
+
+    def _ensure(self, now_ms: int) -> None:
+        if not self._starts:
+            self._starts.append(now_ms)
+            self._last.append(now_ms)
+            self._values.append(0.0)
+
+    def record(self, value: float, now_ms: int) -> None:
+        self._ensure(now_ms)
+        i = self._current
+        if now_ms - self._starts[i] >= self.window_ms:
+            i = self._current = (i + 1) % (self.samples + 1)
+            if i >= len(self._starts):
+                self._starts.append(now_ms)
+                self._last.append(now_ms)
+                self._values.append(0.0)
+            else:
+                self._starts[i] = now_ms
+                self._last[i] = now_ms
+                self._values[i] = 0.0
+        self._values[i] += value
+        self._last[i] = now_ms
+
+    def _purge(self, now_ms: int) -> None:
+        expire = self.samples * self.window_ms
+        last = self._last
+        for i in range(len(last)):
+            if now_ms - last[i] >= expire:
+                self._starts[i] = now_ms
+                last[i] = now_ms
+                self._values[i] = 0.0
+
+    def window_size_ms(self, now_ms: int) -> int:
+        """Kafka's ``Rate.windowSize``: the W the rate and the throttle time use."""
+        self._ensure(now_ms)
+        self._purge(now_ms)
+        elapsed = now_ms - min(self._starts)
+        full = elapsed // self.window_ms
+        if full < self.samples - 1:
+            elapsed += (self.samples - 1 - full) * self.window_ms
+        return max(elapsed, 1)
+
+    def measure(self, now_ms: int) -> tuple[float, int]:
+        """``(rate per second, W in ms)`` at ``now_ms``."""
+        window = self.window_size_ms(now_ms)
+        return sum(self._values) * 1000.0 / window, window
+
+    def total(self) -> float:
+        return sum(self._values)

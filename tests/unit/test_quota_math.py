@@ -1,0 +1,132 @@
+"""Kafka's sampled rate and throttle time, with a fake clock (times are plain ms values)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quota.sampled import SampledRate
+from quota.throttle import java_round, throttle_time_ms
+
+
+@pytest.mark.parametrize(
+    ("observed", "bound", "window", "cap", "expected"),
+    [
+        (100, 50, 2000, None, 2000),  # reference worked examples
+        (55, 50, 1000, 500, 100),  # 2 samples: W = 1 window
+        (100, 50, 10_000, 500, 500),  # 10 samples, bounded at one window
+        (50, 50, 1000, None, 0),  # at the quota: not throttled
+        (49.9, 50, 1000, None, 0),
+        (60, 50, 11_000, None, 2200),  # unbounded for byte rates
+    ],
+)
+def test_throttle_time(observed: float, bound: float, window: int, cap: int | None,
+                       expected: int) -> None:
+    assert throttle_time_ms(observed, bound, window, cap) == expected
+
+
+def test_java_rounding_is_half_up() -> None:
+    assert [java_round(x) for x in (0.5, 1.5, 2.5, -0.5, -1.5, 2.4999)] == [1, 2, 3, 0, -1, 2]
+    # (O - T) / T * W of 0.5, 1.5 and 2.5 ms (exact in binary) round up, as Math.round does
+    assert [throttle_time_ms(4.5, 4, w) for w in (4, 12, 20)] == [1, 2, 3]
+
+
+def test_window_is_padded_to_n_minus_one_windows_early_on() -> None:
+    r = SampledRate(samples=11, window_ms=1000)
+    r.record(1000, 0)
+    assert r.measure(0) == (100.0, 10_000)  # (N-1) windows assumed before the first record
+    r.record(1000, 2500)
+    assert r.window_size_ms(2500) == 2500 + 8000  # 2 full windows elapsed, 8 padded
+    assert r.measure(2500)[0] == pytest.approx(2000 / 10.5)
+
+
+def test_window_is_at_least_one_ms() -> None:
+    r = SampledRate(samples=1, window_ms=1000)
+    r.record(5, 0)
+    assert r.window_size_ms(0) == 1  # N - 1 = 0 windows of padding, 0 elapsed
+
+
+def test_windows_start_at_first_record_not_aligned() -> None:
+    r = SampledRate(samples=2, window_ms=1000)
+    r.record(1, 300)
+    r.record(1, 1299)  # same window: 999 ms after its start
+    r.record(1, 1300)  # new window starting at 1300
+    assert r.window_size_ms(1300) == 1000  # now - oldest start (300)
+    assert r.total() == 3
+
+
+def test_ring_keeps_n_plus_one_samples() -> None:
+    r = SampledRate(samples=3, window_ms=1000)
+    for t in range(0, 10_000, 1000):  # one record per window, 10 windows
+        r.record(1, t)
+    # A ring of N + 1 = 4 samples: windows starting 6000..9000 are left ...
+    assert r.total() == 4
+    # ... and measuring purges the one whose last event is N windows old (6000), leaving N.
+    assert r.measure(9000) == (1.5, 2000)
+
+
+def test_purge_drops_samples_idle_for_n_windows() -> None:
+    r = SampledRate(samples=3, window_ms=1000)
+    r.record(600, 0)
+    assert r.measure(2999)[0] == pytest.approx(600 / 2.999)
+    assert r.measure(3000) == (0.0, 2000)  # last event 3000 ms ago: purged, W padded again
+
+
+def test_purge_keeps_samples_with_recent_events() -> None:
+    r = SampledRate(samples=2, window_ms=1000)
+    r.record(10, 0)
+    r.record(10, 900)  # same sample, last event at 900
+    assert r.measure(2500)[0] > 0  # 2500 - 900 < 2000: kept although it started at 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    samples=st.integers(2, 12),
+    window_ms=st.sampled_from([100, 500, 1000]),
+    quota=st.integers(1_000, 10_000_000),
+    fraction=st.floats(0.05, 0.9),
+    events_per_window=st.integers(20, 200),
+    duration_windows=st.integers(1, 60),
+)
+def test_at_or_below_quota_is_never_throttled(samples: int, window_ms: int, quota: int,
+                                              fraction: float, events_per_window: int,
+                                              duration_windows: int) -> None:
+    """Sending evenly at up to 90% of the quota, in pieces of at most 5% of one window's
+    allowance, is never throttled."""
+    r = SampledRate(samples, window_ms)
+    gap_ms = window_ms / events_per_window
+    size = quota * fraction * gap_ms / 1000
+    t = 0.0
+    while t < duration_windows * window_ms:
+        now = int(t)
+        r.record(size, now)
+        rate, window = r.measure(now)
+        assert throttle_time_ms(rate, quota, window) == 0, (now, rate)
+        t += gap_ms
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    samples=st.integers(5, 12),
+    quota=st.integers(10_000, 5_000_000),
+    piece=st.floats(0.001, 0.1),
+)
+def test_greedy_client_obeying_throttles_converges_to_quota(samples: int, quota: int,
+                                                            piece: float) -> None:
+    """A client that sends as fast as it may (waiting out each throttle) is admitted at the
+    quota over a long run."""
+    r = SampledRate(samples, 1000)
+    size = quota * piece  # each request is a fraction of one second's quota
+    t = 0
+    sent = 0.0
+    start_ms, start_sent = 30_000, 0.0
+    while t < 150_000:
+        if t >= start_ms and start_sent == 0.0:
+            start_sent = sent
+        r.record(size, t)
+        sent += size
+        rate, window = r.measure(t)
+        t += max(throttle_time_ms(rate, quota, window), 1)
+    admitted = (sent - start_sent) / ((t - start_ms) / 1000)
+    assert admitted == pytest.approx(quota, rel=0.05)

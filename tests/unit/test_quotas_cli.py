@@ -1,0 +1,132 @@
+"""``quotas`` configuration and the ``quotas resolve`` / ``quotas simulate`` commands."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from proxy.config import ConfigError, parse_config
+from quota.entities import DEFAULT, EntityKey, QuotaType
+
+BASE = """listeners:
+  bootstrap: "127.0.0.1:9192"
+  advertised_host: "127.0.0.1"
+  broker_ports: "9193-9292"
+upstream:
+  bootstrap_servers: ["127.0.0.1:9092"]
+"""
+QUOTAS = """quotas:
+  window: {samples: 11, size_seconds: 1}
+  entities:
+    - {user: alice, client-id: clientA, producer_byte_rate: 10485760}
+    - {user: "<default>", consumer_byte_rate: 5242880}
+    - {client-id: "<default>", producer_byte_rate: 1048576, request_percentage: 50}
+"""
+
+
+def test_issue_form_parses_as_written() -> None:
+    settings = parse_config(BASE + QUOTAS).quotas.settings()
+    assert (settings.samples, settings.window_ms) == (11, 1000)
+    assert settings.entities == {
+        EntityKey("alice", "clientA"): {QuotaType.PRODUCE: 10485760.0},
+        EntityKey(DEFAULT, None): {QuotaType.FETCH: 5242880.0},
+        EntityKey(None, DEFAULT): {QuotaType.PRODUCE: 1048576.0, QuotaType.REQUEST: 50.0},
+    }
+
+
+@pytest.mark.parametrize(
+    ("entity", "line_msg"),
+    [
+        ("{producer_byte_rate: 5}", "an entity names a user, a client-id, or both"),
+        ("{user: bob}", "set at least one of producer_byte_rate"),
+        ("{user: bob, producer_byte_rate: 0}", "greater than 0"),
+        ("{user: bob, request_percentage: -1}", "greater than 0"),
+        ("{user: bob, producer_byte_rate: 1.5}", "valid integer"),
+        ("{user: bob, colour: 1, producer_byte_rate: 1}", "unknown key"),
+    ],
+)
+def test_bad_entities_are_reported_at_their_line(entity: str, line_msg: str) -> None:
+    text = BASE + f"quotas:\n  entities:\n    - {entity}\n"
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, "q.yaml")
+    (error,) = info.value.errors
+    assert error.startswith("q.yaml:9:"), error
+    assert "quotas.entities.0" in error and line_msg in error
+
+
+def test_duplicate_entity_is_an_error() -> None:
+    text = BASE + ("quotas:\n  entities:\n    - {user: bob, producer_byte_rate: 1}\n"
+                   "    - {user: bob, consumer_byte_rate: 1}\n")
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, "q.yaml")
+    assert info.value.errors == [
+        "q.yaml:10:7: quotas.entities.1: entity users/bob is already configured at "
+        "quotas.entities.0"]
+
+
+def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "proxy", *args], input=stdin,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(BASE + QUOTAS)
+    return path
+
+
+def test_resolve_prints_entity_sharing_and_limits(config_file: Path) -> None:
+    proc = _cli("quotas", "resolve", "--config", str(config_file), "--user", "bob",
+                "--client-id", "app")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["limits"] == {"producer_byte_rate": 1048576, "consumer_byte_rate": 5242880,
+                             "request_percentage": 50}
+    assert out["producer_byte_rate"]["entity"] == "clients/<default>"
+    assert out["producer_byte_rate"]["shared_by"] == "client-id"
+    assert out["consumer_byte_rate"]["entity"] == "users/<default>"
+    assert out["consumer_byte_rate"]["shared_by"] == "user"
+    proc = _cli("quotas", "resolve", "--config", str(config_file), "--user", "alice",
+                "--client-id", "clientA")
+    out = json.loads(proc.stdout)
+    assert out["producer_byte_rate"] == {"limit": 10485760, "entity": "users/alice/clients/clientA",
+                                         "level": 1, "shared_by": "user+client-id"}
+
+
+def test_simulate_throttles_over_quota_and_applies_alters(config_file: Path) -> None:
+    events = [
+        {"t_ms": 0, "client_id": "c1", "quota": "produce", "value": 5_000_000},
+        {"t_ms": 0, "client_id": "c1", "quota": "produce", "value": 10_000_000},
+        {"t_ms": 10, "client_id": "c2", "quota": "produce", "value": 100},
+        {"t_ms": 20, "alter": {"entity": {"client-id": "<default>"},
+                               "set": {"producer_byte_rate": 100_000_000},
+                               "remove": ["request_percentage"]}},
+        {"t_ms": 30, "client_id": "c1", "quota": "produce", "value": 1},
+        {"t_ms": 40, "client_id": "c3", "quota": "request", "value": 100_000},
+    ]
+    proc = _cli("quotas", "simulate", "--config", str(config_file), "--events", "-",
+                stdin="\n".join(json.dumps(e) for e in events) + "\n")
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(x) for x in proc.stdout.splitlines()]
+    assert [x["t_ms"] for x in lines] == [0, 0, 10, 30, 40]  # one line per record event
+    assert lines[0]["throttle_ms"] == 0  # 5 MB over W = 10 s: 0.5 MB/s < 1 MiB/s
+    # 15 MB over 10 s = 1.5 MB/s: round((1.5e6 - 1048576) / 1048576 * 10000)
+    assert lines[1]["throttle_ms"] == round((1_500_000 - 1048576) / 1048576 * 10_000)
+    assert lines[2]["throttle_ms"] == 0  # c2 has its own budget
+    assert lines[3]["throttle_ms"] == 0 and lines[3]["limit"] == 100_000_000
+    assert lines[4]["throttle_ms"] == 0 and lines[4]["limit"] is None  # request quota removed
+
+
+def test_simulate_reports_bad_events_with_their_line(config_file: Path) -> None:
+    proc = _cli("quotas", "simulate", "--config", str(config_file), "--events", "-",
+                stdin='{"t_ms": 5, "quota": "produce", "value": 1}\n{"t_ms": 1, "quota": "x"}\n')
+    assert proc.returncode == 1
+    assert "line 2" in proc.stderr
+    proc = _cli("quotas", "simulate", "--config", str(config_file), "--events", "-",
+                stdin='{"t_ms": 0, "quota": "bogus", "value": 1}\n')
+    assert proc.returncode == 1 and "unknown quota 'bogus'" in proc.stderr
