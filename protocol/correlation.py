@@ -23,8 +23,10 @@ class InFlight:
         "client_id",
         "correlation_id",
         "expects_response",
+        "follower",
         "request_size",
         "response_size",
+        "throttle_ms",
     )
 
     def __init__(
@@ -43,6 +45,8 @@ class InFlight:
         self.request_size = request_size
         self.expects_response = expects_response
         self.response_size = 0
+        self.throttle_ms = 0  # set by the I/O layer when a quota throttles this request
+        self.follower = False  # a Fetch from a replica (replica_id >= 0), not a consumer
         self.annotation: Any = None
 
     def __repr__(self) -> str:

@@ -258,6 +258,51 @@ def cap_api_versions(body: bytes, version: int) -> bytes:
     return body[:2] + length + b"".join(kept) + body[pos:]
 
 
+@cache
+def throttle_field(api_key: int, version: int) -> str | None:
+    """Where a response carries ``throttle_time_ms``: ``"first"`` (the first body field, as in
+    almost every API), ``"produce"`` (after the responses array), or ``None`` (no such field,
+    or not where the proxy sets it)."""
+    if api_key == ApiKey.API_VERSIONS:
+        return None
+    try:
+        cls = _response_class(api_key, version)
+    except Exception:  # a version kio does not know: leave the frame alone
+        return None
+    names = [f.name for f in dataclasses.fields(cls)]
+    if "throttle_time" not in names:
+        return None
+    if names[0] == "throttle_time":
+        return "first"
+    return "produce" if api_key == ApiKey.PRODUCE else None
+
+
+def set_throttle_time(entry: InFlight, frame: bytes) -> bytes | None:
+    """``frame`` (a whole response without size prefix) with ``throttle_time_ms`` raised to
+    ``entry.throttle_ms`` (a larger value set by the broker is kept); ``None`` if the response
+    has no such field."""
+    kind = throttle_field(entry.api_key, entry.api_version)
+    if kind is None:
+        return None
+    try:
+        header = parse_response_header(
+            frame, 0, len(frame), apis.response_header_version(entry.api_key, entry.api_version)
+        )
+        if kind == "first":
+            offset = header.size
+        else:
+            offset = produce_response_layout(frame, header.size, entry.api_version).throttle_offset
+        current = INT32.unpack_from(frame, offset)[0]
+    except (IndexError, ValueError, struct.error) as exc:
+        raise UndecodableResponse(
+            f"{apis.api_name(entry.api_key)} v{entry.api_version}: throttle_time_ms not found: "
+            f"{exc!r}"
+        ) from None
+    if current >= entry.throttle_ms:
+        return frame
+    return frame[:offset] + INT32.pack(entry.throttle_ms) + frame[offset + 4 :]
+
+
 class ResponseRewriter:
     """The ``Rewriter`` the response stream calls for each address-bearing response frame, and
     the ``TailRewriter`` for the top-level tagged fields of streamed Fetch responses."""
@@ -308,9 +353,15 @@ class ResponseRewriter:
         self.rewritten[api_key] = self.rewritten.get(api_key, 0) + 1
 
     def __call__(self, entry: InFlight, frame: bytes | memoryview) -> bytes | None:
-        new = self._rewrite(entry, frame)
-        if new is not None:
-            self._count(entry.api_key)
+        new = None
+        if apis.needs_response_rewrite(entry.api_key, entry.api_version):
+            new = self._rewrite(entry, frame)
+            if new is not None:
+                self._count(entry.api_key)
+        if entry.throttle_ms > 0:
+            patched = set_throttle_time(entry, new if new is not None else bytes(frame))
+            if patched is not None:
+                new = patched
         return new
 
     def _rewrite(self, entry: InFlight, frame: bytes | memoryview) -> bytes | None:

@@ -35,6 +35,7 @@ DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes
 _MAX_HEADER_BYTES = 2 * 32767 + 4096
 
 _PRODUCE = int(apis.ApiKey.PRODUCE)
+_FETCH = int(apis.ApiKey.FETCH)
 
 Buffer = bytes | memoryview
 
@@ -103,9 +104,16 @@ class RequestStream:
                         "is not offered by the proxy"
                     )
                 expects_response = True
+                follower = False
                 if api_key == _PRODUCE:
                     acks = produce_acks(data, pos + 4 + header.size, limit, header.api_version)
                     expects_response = acks != 0
+                elif api_key == _FETCH and header.api_version < 15:
+                    # replica_id leads the body until v15 (then a tagged ReplicaState that
+                    # only followers send). Followers do not come through the proxy, so when
+                    # the field is not in this chunk the fetch counts as a consumer's.
+                    at = pos + 4 + header.size
+                    follower = at + 4 <= limit and INT32.unpack_from(data, at)[0] >= 0
             except (IndexError, ValueError, struct.error) as exc:
                 if end <= n:
                     raise MalformedFrame(f"request header does not parse: {exc}") from None
@@ -123,6 +131,7 @@ class RequestStream:
                 size + 4,
                 expects_response,
             )
+            entry.follower = follower
             if expects_response:
                 table.add(entry)
             events.append(entry)
@@ -139,7 +148,6 @@ class RequestStream:
 Rewriter = Callable[[InFlight, Buffer], bytes | None]
 TailRewriter = Callable[[InFlight, bytes], bytes]
 
-_FETCH = int(apis.ApiKey.FETCH)
 _FETCH_STREAMED_FROM = 16  # Fetch versions whose node_endpoints are rewritten while streaming
 
 
@@ -150,6 +158,10 @@ class ResponseStream:
     ``rewriter(entry, frame)`` gets a whole response frame without its size prefix (bytes, or
     a memoryview into the received data: copy it to keep it) and returns the new frame
     (without size prefix), or ``None`` to forward it unchanged, without a copy.
+
+    ``on_response(entry)`` is called as each response starts (``response_size`` known); when it
+    returns True the frame goes to ``rewriter`` whole (the proxy uses this to set
+    ``throttle_time_ms``).
 
     With a ``tail_rewriter``, Fetch v16+ responses are not held: they stream through while
     ``incremental.Walker`` follows them, and only their top-level tagged fields (KIP-951
@@ -162,6 +174,7 @@ class ResponseStream:
         "_collect_entry",
         "_collect_need",
         "_current",
+        "_on_response",
         "_max",
         "_pending",
         "_remaining",
@@ -178,10 +191,12 @@ class ResponseStream:
         rewriter: Rewriter,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         tail_rewriter: TailRewriter | None = None,
+        on_response: Callable[[InFlight], bool] | None = None,
     ) -> None:
         self._table = table
         self._rewriter = rewriter
         self._tail_rewriter = tail_rewriter
+        self._on_response = on_response
         self._walker: Walker | None = None
         self._tail: list[bytes] = []
         self._max = max_frame_bytes
@@ -260,8 +275,12 @@ class ResponseStream:
             entry = table.pop(INT32.unpack_from(data, pos + 4)[0])
             entry.response_size = size + 4
             end = pos + 4 + size
+            # The hook sees each response as it starts (to record quotas); True sends the frame
+            # through the whole-frame rewriter (to set throttle_time_ms).
+            patch = self._on_response is not None and self._on_response(entry)
             if (
-                entry.api_key == _FETCH
+                not patch
+                and entry.api_key == _FETCH
                 and entry.api_version >= _FETCH_STREAMED_FROM
                 and self._tail_rewriter is not None
             ):
@@ -277,7 +296,7 @@ class ResponseStream:
                 self._remaining = end - n
                 pos = run_start = n
                 break
-            if apis.needs_response_rewrite(entry.api_key, entry.api_version):
+            if patch or apis.needs_response_rewrite(entry.api_key, entry.api_version):
                 if end <= n:
                     new = self._rewriter(entry, mv[pos + 4 : end])
                     done.append(entry)

@@ -30,7 +30,7 @@ async def _serve(config_path: str) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        await run_proxy(config, stop)
+        await run_proxy(config, stop, config_path)
     except StartupError as exc:
         print(f"kafka-quota-proxy: {exc}", file=sys.stderr)
         return 1

@@ -212,6 +212,14 @@ class QuotasConfig(_Model):
         "(Kafka leaves them unbounded).",
     )
     entities: list[QuotaEntityConfig] = []
+    metrics_top_entities: int = Field(
+        default=100, ge=0, le=10_000,
+        description="Per-entity quota metrics are exported for this many busiest budgets.",
+    )
+    watch_seconds: float = Field(
+        default=2.0, ge=0,
+        description="How often the config file is checked for changes (0: only on SIGHUP).",
+    )
 
     def settings(self) -> QuotaSettings:
         return QuotaSettings(

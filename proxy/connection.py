@@ -13,11 +13,16 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from protocol.correlation import CorrelationTable
+from protocol.apis import ApiKey
+from protocol.correlation import CorrelationTable, InFlight
 from protocol.errors import ProtocolError
+from protocol.rewrite import throttle_field
 from protocol.stream import RequestStream, ResponseStream
 from proxy.flow import ReadGate
 from proxy.logs import get_logger
+from proxy.quotas import now_ms
+from quota.entities import ANONYMOUS, QuotaType
+from quota.manager import percent_of_thread
 
 if TYPE_CHECKING:
     from proxy.server import Proxy
@@ -25,6 +30,8 @@ if TYPE_CHECKING:
 log = get_logger("kafka_quota_proxy.connection")
 
 _ids = itertools.count(1)
+_PRODUCE = int(ApiKey.PRODUCE)
+_FETCH = int(ApiKey.FETCH)
 _now = time.perf_counter
 
 
@@ -32,17 +39,30 @@ class ProxiedConnection(asyncio.Protocol):
     """The client-facing protocol; owns the upstream side and the sans-IO state."""
 
     def __init__(
-        self, proxy: Proxy, listener: str, resolve_upstream: Callable[[], list[tuple[str, int]]]
+        self,
+        proxy: Proxy,
+        listener: str,
+        resolve_upstream: Callable[[], list[tuple[str, int]]],
+        scope: int,
     ) -> None:
         self.proxy = proxy
         self.listener = listener
+        self.scope = scope  # whose quotas apply: the upstream node id, or the bootstrap scope
+        # The authenticated principal; ANONYMOUS until the proxy authenticates clients.
+        self.user = ANONYMOUS
+        self._muted_until = 0.0
+        self._unmute: asyncio.TimerHandle | None = None
         self.id = next(_ids)
         self._resolve_upstream = resolve_upstream
         self.table = CorrelationTable()
         cfg = proxy.config.network
         self.requests = RequestStream(self.table, cfg.max_frame_bytes)
         self.responses = ResponseStream(
-            self.table, proxy.rewriter, cfg.max_frame_bytes, proxy.rewriter.rewrite_tail
+            self.table,
+            proxy.rewriter,
+            cfg.max_frame_bytes,
+            proxy.rewriter.rewrite_tail,
+            self._on_response,
         )
         self.transport: asyncio.Transport | None = None
         self.upstream: UpstreamSide | None = None
@@ -105,6 +125,8 @@ class ProxiedConnection(asyncio.Protocol):
                 c = stats.client(entry.client_id)
                 c[0] += entry.request_size
                 c[2] += 1
+                if not entry.expects_response and key == _PRODUCE:
+                    self._acks0_produce(entry)
         if forward:
             upstream = self.upstream
             if upstream is None:  # bytes may arrive before pausing takes hold
@@ -115,6 +137,66 @@ class ProxiedConnection(asyncio.Protocol):
     def eof_received(self) -> bool | None:
         self._client_gone(None)
         return None
+
+    # ------------------------------------------------------------------ quotas
+    def _acks0_produce(self, entry: InFlight) -> None:
+        """acks=0: no response to throttle, but the client is still held back (and its
+        request time is exempt, as in Kafka)."""
+        quotas = self.proxy.quotas
+        if quotas.enabled(QuotaType.PRODUCE):
+            throttle = quotas.manager(self.scope).record(
+                QuotaType.PRODUCE, self.user, entry.client_id or "", entry.request_size - 4,
+                now_ms())
+            if throttle > 0:
+                self.proxy.stats.throttled[QuotaType.PRODUCE.short] += 1
+                self.proxy.stats.throttle_ms[QuotaType.PRODUCE.short] += throttle
+                self.mute(throttle)
+
+    def _on_response(self, entry: InFlight) -> bool:
+        """Record this response's quotas; throttle the client if one is violated. Returns
+        whether ``throttle_time_ms`` must be set in the response."""
+        quotas = self.proxy.quotas
+        if not quotas.active:
+            return False
+        key = entry.api_key
+        cid = entry.client_id or ""
+        now = now_ms()
+        manager = quotas.manager(self.scope)
+        throttle = 0
+        kind = None
+        if key == _PRODUCE and quotas.enabled(QuotaType.PRODUCE):
+            kind = QuotaType.PRODUCE
+            throttle = manager.record(kind, self.user, cid, entry.request_size - 4, now)
+        elif key == _FETCH and not entry.follower and quotas.enabled(QuotaType.FETCH):
+            kind = QuotaType.FETCH
+            throttle = manager.record(kind, self.user, cid, entry.response_size - 4, now)
+        if quotas.enabled(QuotaType.REQUEST) and not entry.follower:
+            # Request time: proxy processing plus the upstream round trip (the proxy cannot
+            # see broker thread time), as a percentage of one thread.
+            elapsed_ms = (_now() - entry.annotation) * 1000.0
+            request_throttle = manager.record(
+                QuotaType.REQUEST, self.user, cid, percent_of_thread(elapsed_ms), now)
+            if request_throttle > throttle:
+                throttle, kind = request_throttle, QuotaType.REQUEST
+        if throttle <= 0 or kind is None:
+            return False
+        entry.throttle_ms = throttle
+        self.proxy.stats.throttled[kind.short] += 1
+        self.proxy.stats.throttle_ms[kind.short] += throttle
+        self.mute(throttle)
+        return throttle_field(key, entry.api_version) is not None
+
+    def mute(self, throttle_ms: int) -> None:
+        """KIP-219: read nothing more from this client until the throttle time has passed."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + throttle_ms / 1000.0
+        if until <= self._muted_until:
+            return
+        self._muted_until = until
+        if self._unmute is not None:
+            self._unmute.cancel()
+        self.client_gate.pause("throttle")
+        self._unmute = loop.call_at(until, self.client_gate.resume, "throttle")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._client_gone(exc)
@@ -196,6 +278,8 @@ class ProxiedConnection(asyncio.Protocol):
             log.info("connection_closed", **fields)
         if self._connect_task is not None and not self._connect_task.done():
             self._connect_task.cancel()
+        if self._unmute is not None:
+            self._unmute.cancel()
         if self.transport is not None:
             self.transport.close()
         if self.upstream is not None and self.upstream.transport is not None:

@@ -15,6 +15,8 @@ from prometheus_client.registry import Collector
 
 from protocol.apis import api_name
 
+EntityRow = tuple[str, str, str, str, float, float | None, int, int]
+
 LATENCY_BUCKETS = (
     0.0005,
     0.001,
@@ -53,6 +55,11 @@ class ProxyStats:
         self.backpressure: dict[str, int] = defaultdict(int)
         self.node_endpoints_dropped: Callable[[], int] = lambda: 0
         self.client_write_buffered: Callable[[], int] = lambda: 0
+        self.throttled: dict[str, int] = defaultdict(int)  # quota type -> throttled requests
+        self.throttle_ms: dict[str, int] = defaultdict(int)  # quota type -> ms imposed
+        self.reloads: dict[str, int] = defaultdict(int)  # "success" | "failure"
+        # the busiest budgets: (broker, quota, user, client_id, rate, limit, throttled, ms)
+        self.quota_entities: Callable[[], list[EntityRow]] = list
         self.brokers_known: Callable[[], int] = lambda: 0
 
     def observe_latency(self, api_key: int, seconds: float) -> None:
@@ -75,6 +82,27 @@ def _family(kind: Any, name: str, doc: str, label: str, values: dict[str, int]) 
     for key, value in values.items():
         family.add_metric([key], value)
     return family
+
+
+def _entity_families(rows: list[EntityRow]) -> Iterator[Any]:
+    labels = ["broker", "quota", "user", "client_id"]
+    rate = GaugeMetricFamily("kafka_proxy_quota_entity_rate",
+                             "Measured rate of the busiest quota budgets (bytes/s, or % of a "
+                             "thread)", labels=labels)
+    limit = GaugeMetricFamily("kafka_proxy_quota_entity_limit",
+                              "Quota of the busiest budgets (absent: unlimited)", labels=labels)
+    throttled = CounterMetricFamily("kafka_proxy_quota_entity_throttled_requests",
+                                    "Throttled requests of the busiest budgets", labels=labels)
+    throttle_ms = CounterMetricFamily("kafka_proxy_quota_entity_throttle_time_ms",
+                                      "Throttle time of the busiest budgets", labels=labels)
+    for broker, quota, user, client, r, bound, n, ms in rows:
+        values = [broker, quota, user, client]
+        rate.add_metric(values, r)
+        if bound is not None:
+            limit.add_metric(values, bound)
+        throttled.add_metric(values, n)
+        throttle_ms.add_metric(values, ms)
+    yield from (rate, limit, throttled, throttle_ms)
 
 
 class _Collector(Collector):
@@ -126,6 +154,14 @@ class _Collector(Collector):
         )
         c.add_metric([], self.stats.node_endpoints_dropped())
         yield c
+        yield _family(CounterMetricFamily, "kafka_proxy_quota_throttled_requests",
+                      "Requests throttled, by the quota that throttled them", "quota",
+                      s.throttled)
+        yield _family(CounterMetricFamily, "kafka_proxy_quota_throttle_time_ms",
+                      "Throttle time imposed, by quota", "quota", s.throttle_ms)
+        yield _family(CounterMetricFamily, "kafka_proxy_config_reloads",
+                      "Configuration reloads, by result", "result", s.reloads)
+        yield from _entity_families(s.quota_entities())
         g = GaugeMetricFamily("kafka_proxy_upstream_brokers", "Upstream brokers known")
         g.add_metric([], s.brokers_known())
         yield g

@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import socket
 from typing import Any
 
 from protocol.rewrite import ResponseRewriter
 from proxy.brokers import Broker, BrokerRegistry
 from proxy.cluster import fetch_brokers
-from proxy.config import ProxyConfig
+from proxy.config import ConfigError, ProxyConfig, load_config
 from proxy.connection import ProxiedConnection
 from proxy.logs import get_logger
-from proxy.metrics import ProxyStats, make_registry, serve_metrics
+from proxy.metrics import EntityRow, ProxyStats, make_registry, serve_metrics
+from proxy.quotas import BOOTSTRAP_SCOPE, QuotaEnforcer, now_ms
 
 log = get_logger("kafka_quota_proxy.server")
 
@@ -33,9 +36,12 @@ class StartupError(Exception):
 
 
 class Proxy:
-    def __init__(self, config: ProxyConfig) -> None:
+    def __init__(self, config: ProxyConfig, config_path: str | None = None) -> None:
         self.config = config
+        self.config_path = config_path
         self.stats = ProxyStats()
+        self.quotas = QuotaEnforcer(config.quotas.settings())
+        self.stats.quota_entities = self._quota_entity_rows
         self.registry = BrokerRegistry(
             config.listeners.advertised_host, config.listeners.broker_ports, self._bind_broker
         )
@@ -61,7 +67,9 @@ class Proxy:
         listen = self.config.listeners.bootstrap
         try:
             self.servers[BOOTSTRAP] = await loop.create_server(
-                lambda: ProxiedConnection(self, BOOTSTRAP, self._bootstrap_targets),
+                lambda: ProxiedConnection(
+                    self, BOOTSTRAP, self._bootstrap_targets, BOOTSTRAP_SCOPE
+                ),
                 listen.host,
                 listen.port,
                 reuse_address=True,
@@ -83,6 +91,9 @@ class Proxy:
                     f"cannot listen on metrics.listen {m}: {exc.strerror or exc}"
                 ) from None
         self._spawn(self._refresh_loop())
+        self._spawn(self._expire_loop())
+        if self.config_path is not None and self.config.quotas.watch_seconds > 0:
+            self._spawn(self._watch_config())
         log.info(
             "proxy_started",
             bootstrap=str(listen),
@@ -126,7 +137,7 @@ class Proxy:
         async def serve() -> None:
             loop = asyncio.get_running_loop()
             self.servers[name] = await loop.create_server(
-                lambda: ProxiedConnection(self, name, targets), sock=sock, backlog=1024
+                lambda: ProxiedConnection(self, name, targets, node_id), sock=sock, backlog=1024
             )
 
         self._spawn(serve())
@@ -161,6 +172,63 @@ class Proxy:
                 )
                 delay = min(max(delay * 2, 0.25), self.config.upstream.metadata_refresh_seconds)
             await asyncio.sleep(delay)
+
+    # ------------------------------------------------------------------ quotas
+    async def _expire_loop(self) -> None:
+        """Drop quota budgets idle for an hour (Kafka's inactive sensor expiry)."""
+        while True:
+            await asyncio.sleep(60)
+            self.quotas.expire(now_ms())
+
+    def _quota_entity_rows(self) -> list[EntityRow]:
+        rows: list[EntityRow] = []
+        for view in self.quotas.top_sensors(self.config.quotas.metrics_top_entities, now_ms()):
+            s = view.sensor
+            broker = "bootstrap" if view.broker == BOOTSTRAP_SCOPE else str(view.broker)
+            rows.append((broker, s.quota_type.short, s.tags[0], s.tags[1], view.rate, s.bound,
+                         s.throttled_requests, s.throttle_ms_total))
+        return rows
+
+    def reload(self) -> bool:
+        """Re-read the config file; apply its quotas to live budgets. An invalid file changes
+        nothing. Other sections need a restart to take effect."""
+        if self.config_path is None:
+            return False
+        try:
+            new = load_config(self.config_path)
+        except ConfigError as exc:
+            self.stats.reloads["failure"] += 1
+            log.error("config_reload_failed", file=self.config_path, errors=exc.errors)
+            return False
+        self.stats.reloads["success"] += 1
+        ignored = [name for name in ProxyConfig.model_fields
+                   if name != "quotas" and getattr(new, name) != getattr(self.config, name)]
+        if new.quotas != self.config.quotas:
+            self.quotas.update(new.quotas.settings())
+        self.config = self.config.model_copy(update={"quotas": new.quotas})
+        log.info("config_reloaded", file=self.config_path,
+                 quota_entities=len(new.quotas.entities),
+                 **({"restart_needed_for": ignored} if ignored else {}))
+        return True
+
+    async def _watch_config(self) -> None:
+        """Reload when the config file changes (polled; SIGHUP also reloads)."""
+        assert self.config_path is not None
+
+        def signature() -> tuple[int, int] | None:
+            try:
+                st = os.stat(self.config_path)  # type: ignore[arg-type]
+            except OSError:
+                return None
+            return st.st_mtime_ns, st.st_size
+
+        seen = signature()
+        while True:
+            await asyncio.sleep(self.config.quotas.watch_seconds or 2.0)
+            current = signature()
+            if current is not None and current != seen:
+                seen = current
+                self.reload()
 
     async def wait_listening(self) -> None:
         """Wait until every known broker's listener is serving."""
@@ -223,8 +291,12 @@ class Proxy:
         log.info("proxy_stopped")
 
 
-async def run_proxy(config: ProxyConfig, stop: asyncio.Event) -> None:
-    proxy = Proxy(config)
+async def run_proxy(config: ProxyConfig, stop: asyncio.Event,
+                    config_path: str | None = None) -> None:
+    proxy = Proxy(config, config_path)
     await proxy.start()
+    if config_path is not None:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, proxy.reload)
     await stop.wait()
     await proxy.shutdown()
