@@ -52,7 +52,7 @@ class RequestStream:
     headers were read; requests that expect a response are entered in the correlation table.
     """
 
-    __slots__ = ("_max", "_pending", "_remaining", "_table")
+    __slots__ = ("_held", "_max", "_pending", "_remaining", "_table")
 
     def __init__(
         self, table: CorrelationTable, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
@@ -61,6 +61,7 @@ class RequestStream:
         self._max = max_frame_bytes
         self._remaining = 0  # bytes of the current frame still to pass through
         self._pending = b""  # start of a frame whose header is not complete yet
+        self._held = b""  # whole frames not read yet (``stop_after_frame``)
 
     @property
     def buffered(self) -> int:
@@ -71,8 +72,23 @@ class RequestStream:
         """A frame has started but not ended (at end of input this means truncation)."""
         return self._remaining > 0 or bool(self._pending)
 
-    def feed(self, data: bytes) -> tuple[Buffer, list[InFlight]]:
+    @property
+    def held(self) -> bool:
+        """Bytes are held back after a frame (see ``feed``)."""
+        return bool(self._held)
+
+    def feed(self, data: bytes, stop_after_frame: bool = False) -> tuple[Buffer, list[InFlight]]:
+        """Take client bytes; return the bytes to forward and the requests seen.
+
+        With ``stop_after_frame`` the stream stops at the end of the first frame that completes
+        and holds the rest (not parsed, not forwarded) until the next ``feed`` (which may be
+        ``feed(b"")``): Kafka brokers read one request per connection at a time, and quota
+        enforcement relies on that.
+        """
         events: list[InFlight] = []
+        if self._held:
+            data = self._held + data
+            self._held = b""
         if self._pending:
             data = self._pending + data
             self._pending = b""
@@ -83,6 +99,9 @@ class RequestStream:
             return data, events
         pos = rem
         self._remaining = 0
+        if rem and stop_after_frame:
+            self._held = data[rem:]
+            return memoryview(data)[:rem], events
         table = self._table
         max_frame = self._max
         while pos < n:
@@ -140,6 +159,9 @@ class RequestStream:
                 pos = n
                 break
             pos = end
+            if stop_after_frame and pos < n:
+                self._held = data[pos:]
+                break
         if pos == n:
             return data, events
         return memoryview(data)[:pos], events
@@ -174,8 +196,8 @@ class ResponseStream:
         "_collect_entry",
         "_collect_need",
         "_current",
-        "_on_response",
         "_max",
+        "_on_response",
         "_pending",
         "_remaining",
         "_rewriter",

@@ -52,6 +52,9 @@ class ProxiedConnection(asyncio.Protocol):
         self.user = ANONYMOUS
         self._muted_until = 0.0
         self._unmute: asyncio.TimerHandle | None = None
+        self._client_id: str | None = None  # from the latest request header
+        self._serial_key: tuple[int, str | None] = (-1, None)
+        self._serial_flag = False
         self.id = next(_ids)
         self._resolve_upstream = resolve_upstream
         self.table = CorrelationTable()
@@ -67,6 +70,7 @@ class ProxiedConnection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.upstream: UpstreamSide | None = None
         self.client_gate = ReadGate()
+        self.client_gate.on_resume = self._read_held
         self.peer = "?"
         self.closed = False
         self._early: list[bytes] = []
@@ -106,17 +110,48 @@ class ProxiedConnection(asyncio.Protocol):
             return
         self.close("upstream_unreachable", detail="; ".join(errors) or "no upstream address known")
 
+    @property
+    def _serial(self) -> bool:
+        """Read one request at a time, as a Kafka broker does, when quotas apply to this
+        client: each response is recorded, and the client throttled, before the next request
+        is read. Unlimited clients keep full pipelining."""
+        quotas = self.proxy.quotas
+        if not quotas.active or self._client_id is None:
+            return False
+        key = (quotas.generation, self._client_id)
+        if key != self._serial_key:
+            self._serial_key = key
+            self._serial_flag = quotas.limited(self.user, self._client_id)
+        return self._serial_flag
+
     def data_received(self, data: bytes) -> None:
-        if self.closed:
-            return
-        try:
-            forward, events = self.requests.feed(data)
-        except ProtocolError as exc:
-            self.close(exc.reason, detail=str(exc), side="client")
-            return
+        while not self.closed:
+            serial = self._serial
+            try:
+                forward, events = self.requests.feed(data, stop_after_frame=serial)
+            except ProtocolError as exc:
+                self.close(exc.reason, detail=str(exc), side="client")
+                return
+            self._handle_requests(forward, events)
+            if not serial or not self.requests.held:
+                return
+            if self.table:  # wait for the response before reading the next request
+                self.client_gate.pause("serial")
+                return
+            if self.client_gate.paused:  # throttled (acks=0): the held bytes wait
+                return
+            data = b""  # nothing awaited (acks=0): go on with the held bytes
+
+    def _read_held(self) -> None:
+        """Reading resumed: go on with requests held back while paused."""
+        if self.requests.held and not self.table:
+            self.data_received(b"")
+
+    def _handle_requests(self, forward: Any, events: list[InFlight]) -> None:
         if events:
             stats = self.proxy.stats
             now = _now()
+            self._client_id = events[-1].client_id or ""
             for entry in events:
                 entry.annotation = now
                 key = entry.api_key
@@ -246,6 +281,8 @@ class ProxiedConnection(asyncio.Protocol):
                 stats.response_bytes[key] += entry.response_size
                 stats.client(entry.client_id)[1] += entry.response_size
                 stats.observe_latency(key, now - entry.annotation)
+            if not self.table and self.client_gate.has("serial"):
+                self.client_gate.resume("serial")  # reads held requests unless still muted
             if self.proxy.draining and not self.table:
                 self.proxy.connection_drained(self)
 

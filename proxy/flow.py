@@ -6,14 +6,17 @@ Reading resumes only when no reason is left. Backpressure lives here and nowhere
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 
 class ReadGate:
-    __slots__ = ("_reasons", "_transport")
+    __slots__ = ("_reasons", "_transport", "on_resume")
 
     def __init__(self) -> None:
         self._transport: asyncio.Transport | None = None
         self._reasons: set[str] = set()
+        # called when the last reason is lifted (to process bytes held while paused)
+        self.on_resume: Callable[[], None] | None = None
 
     def attach(self, transport: asyncio.Transport) -> None:
         self._transport = transport
@@ -31,6 +34,11 @@ class ReadGate:
         self._reasons.discard(reason)
         if not self._reasons and self._transport is not None and not self._transport.is_closing():
             self._transport.resume_reading()
+            if self.on_resume is not None:
+                self.on_resume()
+
+    def has(self, reason: str) -> bool:
+        return reason in self._reasons
 
     @property
     def paused(self) -> bool:

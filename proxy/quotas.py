@@ -33,6 +33,7 @@ class QuotaEnforcer:
     def __init__(self, settings: QuotaSettings) -> None:
         self.settings = settings
         self.managers: dict[int, QuotaManager] = {}
+        self.generation = 0  # bumped on every config change
         self._enabled = {qt: False for qt in QuotaType}
         self._refresh_enabled()
 
@@ -55,9 +56,16 @@ class QuotaEnforcer:
 
     def update(self, settings: QuotaSettings) -> None:
         self.settings = settings
+        self.generation += 1
         self._refresh_enabled()
         for m in self.managers.values():
             m.update(settings)
+
+    def limited(self, user: str, client_id: str) -> bool:
+        """Whether any quota applies to this user and client-id."""
+        m = self.manager(BOOTSTRAP_SCOPE)
+        return any(m.resolve(qt, user, client_id).limit is not None
+                   for qt in QuotaType if self._enabled[qt])
 
     def expire(self, now: int) -> int:
         return sum(m.expire(now) for m in self.managers.values())
