@@ -54,6 +54,8 @@ class QuotaManager:
         self.sensors: dict[tuple[QuotaType, Tags], Sensor] = {}
         self.settings = settings
         self._by_type = {qt: settings.for_type(qt) for qt in QuotaType}
+        # (quota type, user, client-id) -> resolution; cleared on config change and expiry
+        self._resolved: dict[tuple[QuotaType, str, str], Resolution] = {}
 
     # ------------------------------------------------------------------ configuration
     def update(self, settings: QuotaSettings) -> None:
@@ -62,6 +64,7 @@ class QuotaManager:
             self.settings.samples, self.settings.window_ms)
         self.settings = settings
         self._by_type = {qt: settings.for_type(qt) for qt in QuotaType}
+        self._resolved.clear()
         if reshape:
             self.sensors.clear()
             return
@@ -70,7 +73,12 @@ class QuotaManager:
                                                       sensor.tags)
 
     def resolve(self, quota_type: QuotaType, user: str, client_id: str) -> Resolution:
-        return resolve(self._by_type[quota_type], quota_type, user, client_id)
+        key = (quota_type, user, client_id)
+        found = self._resolved.get(key)
+        if found is None:
+            found = self._resolved[key] = resolve(
+                self._by_type[quota_type], quota_type, user, client_id)
+        return found
 
     def enabled(self, quota_type: QuotaType) -> bool:
         """Whether any entity has a quota of this type (if not, nothing can be throttled)."""
@@ -113,6 +121,8 @@ class QuotaManager:
                 if now_ms - s.last_record_ms >= self.idle_expiry_ms]
         for k in idle:
             del self.sensors[k]
+        if idle:
+            self._resolved.clear()  # keeps the cache bounded by the live client-ids
         return len(idle)
 
     def __iter__(self) -> Iterator[Sensor]:
