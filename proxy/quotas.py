@@ -16,9 +16,6 @@ from quota.entities import QuotaType
 from quota.manager import QuotaManager, QuotaSettings, Sensor
 
 BOOTSTRAP_SCOPE = -1
-# A client is read one request at a time (as a Kafka broker reads every client) once one of
-# its budgets reaches this fraction of its quota; further below, it keeps full pipelining.
-SERIAL_FRACTION = 0.5
 
 
 def now_ms() -> int:
@@ -69,18 +66,6 @@ class QuotaEnforcer:
         m = self.manager(BOOTSTRAP_SCOPE)
         return any(m.resolve(qt, user, client_id).limit is not None
                    for qt in QuotaType if self._enabled[qt])
-
-    def near_quota(self, scope: int, user: str, client_id: str, now: int,
-                   fraction: float = SERIAL_FRACTION) -> bool:
-        """Whether a budget of this client is at or above ``fraction`` of its quota now."""
-        m = self.manager(scope)
-        for qt in QuotaType:
-            if not self._enabled[qt]:
-                continue
-            sensor = m.sensor(qt, user, client_id, now)
-            if sensor.bound is not None and sensor.rate.measure(now)[0] >= fraction * sensor.bound:
-                return True
-        return False
 
     def expire(self, now: int) -> int:
         return sum(m.expire(now) for m in self.managers.values())

@@ -250,3 +250,24 @@ def test_hot_reload_lowers_a_running_clients_rate(quota_proxy: ProxyProcess) -> 
         thread.join(120)
     assert not run.errors
     assert any(e.get("event") == "config_reload_failed" for e in quota_proxy.events())
+
+
+def test_sighup_reloads_quotas(tansu: TansuBroker) -> None:
+    import signal
+
+    proxy = ProxyProcess(tansu.bootstrap, extra_yaml=_quota_yaml().replace(
+        "watch_seconds: 0.5", "watch_seconds: 0")).start()
+    try:
+        proxy.wait_broker_listener(111)
+        text = proxy.config_path.read_text()
+        proxy.config_path.write_text(text + '    - {user: "<default>", request_percentage: 80}\n')
+        assert proxy.process is not None
+        proxy.process.send_signal(signal.SIGHUP)
+        wait_for(lambda: proxy.metrics().get(
+            'kafka_proxy_config_reloads_total{result="success"}', 0) == 1, 20,
+            what="reload on SIGHUP")
+        reloads = [e for e in proxy.events() if e.get("event") == "config_reloaded"]
+        assert reloads and reloads[-1]["quota_entities"] == 3
+        assert proxy.alive
+    finally:
+        proxy.stop()
