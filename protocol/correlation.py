@@ -13,8 +13,9 @@ from protocol.errors import CorrelationError
 
 
 class InFlight:
-    """One request seen on a connection. ``annotation`` is free for the I/O layer (for
-    instance the time the request was forwarded); the protocol layer never reads it."""
+    """One request seen on a connection. ``annotation`` and ``reserved`` are free for the I/O
+    layer (for instance the time the request was forwarded, and a quota budget it holds a
+    reservation on); the protocol layer never reads them."""
 
     __slots__ = (
         "annotation",
@@ -25,6 +26,7 @@ class InFlight:
         "expects_response",
         "follower",
         "request_size",
+        "reserved",
         "response_size",
         "throttle_ms",
     )
@@ -48,6 +50,7 @@ class InFlight:
         self.throttle_ms = 0  # set by the I/O layer when a quota throttles this request
         self.follower = False  # a Fetch from a replica (replica_id >= 0), not a consumer
         self.annotation: Any = None
+        self.reserved: Any = None
 
     def __repr__(self) -> str:
         return (
@@ -79,6 +82,9 @@ class CorrelationTable:
 
     def __len__(self) -> int:
         return len(self._by_id)
+
+    def entries(self) -> list[InFlight]:
+        return list(self._by_id.values())
 
     def __contains__(self, correlation_id: int) -> bool:
         return correlation_id in self._by_id

@@ -33,6 +33,8 @@ _ids = itertools.count(1)
 _PRODUCE = int(ApiKey.PRODUCE)
 _FETCH = int(ApiKey.FETCH)
 _now = time.perf_counter
+_NO_LIMITS: frozenset[QuotaType] = frozenset()
+_FETCHING = object()  # InFlight.reserved of a consumer Fetch of a client with a fetch quota
 
 
 class ProxiedConnection(asyncio.Protocol):
@@ -53,8 +55,9 @@ class ProxiedConnection(asyncio.Protocol):
         self._muted_until = 0.0
         self._unmute: asyncio.TimerHandle | None = None
         self._client_id: str | None = None  # from the latest request header
-        self._serial_key: tuple[int, str | None] = (-1, None)
-        self._serial_flag = False
+        self._limits_key: tuple[int, str | None] = (-1, None)
+        self._limits: frozenset[QuotaType] = frozenset()
+        self._fetching = 0  # consumer Fetch requests awaiting their response
         self.id = next(_ids)
         self._resolve_upstream = resolve_upstream
         self.table = CorrelationTable()
@@ -111,43 +114,64 @@ class ProxiedConnection(asyncio.Protocol):
         self.close("upstream_unreachable", detail="; ".join(errors) or "no upstream address known")
 
     @property
-    def _serial(self) -> bool:
-        """Read one request at a time, as a Kafka broker does, when a quota applies to this
-        client: each response is recorded, and the client throttled, before its next request
-        is read. (Pipelining only while a client is well below its quota was tried: a burst
-        queued in the client and the socket buffers then got through before the first throttle
-        and the client overshot its quota by several percent.) Unlimited clients keep full
-        pipelining."""
+    def _limited(self) -> frozenset[QuotaType]:
+        """The quota types limiting this client (empty: read it freely, fully pipelined)."""
         quotas = self.proxy.quotas
         if not quotas.active or self._client_id is None:
-            return False
+            self._limits = _NO_LIMITS
+            return _NO_LIMITS
         key = (quotas.generation, self._client_id)
-        if key != self._serial_key:
-            self._serial_key = key
-            self._serial_flag = quotas.limited(self.user, self._client_id)
-        return self._serial_flag
+        if key != self._limits_key:
+            self._limits_key = key
+            self._limits = quotas.limits(self.user, self._client_id)
+        return self._limits
+
+    def _headroom(self) -> bool:
+        """Whether the next request of a client with a quota may be read while earlier ones
+        still await their responses. Kafka reads one request per connection at a time, so
+        each response is recorded, and the client throttled, before the next is read. The
+        proxy keeps pipelining as long as that cannot matter:
+        - produce: while the rate, counting the requests in flight as if already recorded,
+          is below the quota (so a queued burst cannot get past the first throttle);
+        - fetch: while no consumer Fetch is in flight (its response size is unknown);
+        - request time: never (pipelined requests would wait on each other and overcount).
+        """
+        limits = self._limited
+        if QuotaType.REQUEST in limits:
+            return False
+        if QuotaType.FETCH in limits and self._fetching:
+            return False
+        if QuotaType.PRODUCE in limits:
+            now = now_ms()
+            sensor = self.proxy.quotas.manager(self.scope).sensor(
+                QuotaType.PRODUCE, self.user, self._client_id or "", now)
+            return sensor.headroom(now)
+        return True
+
+    def _may_read_next(self) -> bool:
+        return not self.table or self._headroom()
 
     def data_received(self, data: bytes) -> None:
         while not self.closed:
-            serial = self._serial
+            limited = bool(self._limited)
             try:
-                forward, events = self.requests.feed(data, stop_after_frame=serial)
+                forward, events = self.requests.feed(data, stop_after_frame=limited)
             except ProtocolError as exc:
                 self.close(exc.reason, detail=str(exc), side="client")
                 return
             self._handle_requests(forward, events)
-            if not serial or not self.requests.held:
+            if not limited or self.requests.mid_frame:  # a frame in progress goes on
                 return
-            if self.table:  # wait for the response before reading the next request
+            if not self._may_read_next():  # wait for responses before reading more
                 self.client_gate.pause("serial")
                 return
-            if self.client_gate.paused:  # throttled (acks=0): the held bytes wait
-                return
-            data = b""  # nothing awaited (acks=0): go on with the held bytes
+            if not self.requests.held or self.client_gate.paused:  # (paused: the held bytes
+                return  # wait for the throttle or the backpressure to end)
+            data = b""  # go on with the held bytes
 
     def _read_held(self) -> None:
         """Reading resumed: go on with requests held back while paused."""
-        if self.requests.held and not self.table:
+        if self.requests.held and self._may_read_next():
             self.data_received(b"")
 
     def _handle_requests(self, forward: Any, events: list[InFlight]) -> None:
@@ -163,8 +187,11 @@ class ProxiedConnection(asyncio.Protocol):
                 c = stats.client(entry.client_id)
                 c[0] += entry.request_size
                 c[2] += 1
-                if not entry.expects_response and key == _PRODUCE:
-                    self._acks0_produce(entry)
+                if not entry.expects_response:
+                    if key == _PRODUCE:
+                        self._acks0_produce(entry)
+                elif self._limits:
+                    self._reserve(entry)
         if forward:
             upstream = self.upstream
             if upstream is None:  # bytes may arrive before pausing takes hold
@@ -177,6 +204,26 @@ class ProxiedConnection(asyncio.Protocol):
         return None
 
     # ------------------------------------------------------------------ quotas
+    def _reserve(self, entry: InFlight) -> None:
+        """A request of a client with a quota goes upstream: note what it holds until its
+        response (see ``_headroom``)."""
+        if entry.api_key == _PRODUCE:
+            if QuotaType.PRODUCE in self._limits:
+                sensor = self.proxy.quotas.manager(self.scope).sensor(
+                    QuotaType.PRODUCE, self.user, entry.client_id or "", now_ms())
+                sensor.in_flight += entry.request_size - 4
+                entry.reserved = sensor
+        elif entry.api_key == _FETCH and not entry.follower:
+            self._fetching += 1
+            entry.reserved = _FETCHING
+
+    def _release(self, entry: InFlight) -> None:
+        held, entry.reserved = entry.reserved, None
+        if held is _FETCHING:
+            self._fetching -= 1
+        elif held is not None:
+            held.in_flight -= entry.request_size - 4
+
     def _acks0_produce(self, entry: InFlight) -> None:
         """acks=0: no response to throttle, but the client is still held back (and its
         request time is exempt, as in Kafka)."""
@@ -193,6 +240,8 @@ class ProxiedConnection(asyncio.Protocol):
     def _on_response(self, entry: InFlight) -> bool:
         """Record this response's quotas; throttle the client if one is violated. Returns
         whether ``throttle_time_ms`` must be set in the response."""
+        if entry.reserved is not None:
+            self._release(entry)
         quotas = self.proxy.quotas
         if not quotas.active:
             return False
@@ -284,7 +333,7 @@ class ProxiedConnection(asyncio.Protocol):
                 stats.response_bytes[key] += entry.response_size
                 stats.client(entry.client_id)[1] += entry.response_size
                 stats.observe_latency(key, now - entry.annotation)
-            if not self.table and self.client_gate.has("serial"):
+            if self.client_gate.has("serial") and self._may_read_next():
                 self.client_gate.resume("serial")  # reads held requests unless still muted
             if self.proxy.draining and not self.table:
                 self.proxy.connection_drained(self)
@@ -320,6 +369,9 @@ class ProxiedConnection(asyncio.Protocol):
             self._connect_task.cancel()
         if self._unmute is not None:
             self._unmute.cancel()
+        for entry in self.table.entries():
+            if entry.reserved is not None:
+                self._release(entry)
         if self.transport is not None:
             self.transport.close()
         if self.upstream is not None and self.upstream.transport is not None:

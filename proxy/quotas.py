@@ -61,11 +61,11 @@ class QuotaEnforcer:
         for m in self.managers.values():
             m.update(settings)
 
-    def limited(self, user: str, client_id: str) -> bool:
-        """Whether any quota applies to this user and client-id."""
+    def limits(self, user: str, client_id: str) -> frozenset[QuotaType]:
+        """The quota types with a limit for this user and client-id."""
         m = self.manager(BOOTSTRAP_SCOPE)
-        return any(m.resolve(qt, user, client_id).limit is not None
-                   for qt in QuotaType if self._enabled[qt])
+        return frozenset(qt for qt in QuotaType
+                         if self._enabled[qt] and m.resolve(qt, user, client_id).limit is not None)
 
     def expire(self, now: int) -> int:
         return sum(m.expire(now) for m in self.managers.values())

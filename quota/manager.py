@@ -41,6 +41,17 @@ class Sensor:
     last_record_ms: int
     throttled_requests: int = 0
     throttle_ms_total: int = 0
+    # Values read but not yet recorded (produce requests awaiting their response): the proxy
+    # keeps reading a client only while the rate counting them stays below the bound.
+    in_flight: float = 0.0
+
+    def headroom(self, now_ms: int) -> bool:
+        """Whether the rate, counting the values in flight as if recorded now, is below the
+        bound (always, when unlimited)."""
+        if self.bound is None:
+            return True
+        window = self.rate.window_size_ms(now_ms)
+        return (self.rate.total() + self.in_flight) * 1000.0 / window < self.bound
 
 
 def percent_of_thread(request_time_ms: float) -> float:
@@ -54,8 +65,10 @@ class QuotaManager:
         self.sensors: dict[tuple[QuotaType, Tags], Sensor] = {}
         self.settings = settings
         self._by_type = {qt: settings.for_type(qt) for qt in QuotaType}
-        # (quota type, user, client-id) -> resolution; cleared on config change and expiry
+        # (quota type, user, client-id) -> resolution, and -> the sensor of its budget (one
+        # lookup on the hot path); both cleared on config change and expiry
         self._resolved: dict[tuple[QuotaType, str, str], Resolution] = {}
+        self._sensor_of: dict[tuple[QuotaType, str, str], Sensor] = {}
 
     # ------------------------------------------------------------------ configuration
     def update(self, settings: QuotaSettings) -> None:
@@ -65,6 +78,7 @@ class QuotaManager:
         self.settings = settings
         self._by_type = {qt: settings.for_type(qt) for qt in QuotaType}
         self._resolved.clear()
+        self._sensor_of.clear()
         if reshape:
             self.sensors.clear()
             return
@@ -86,6 +100,10 @@ class QuotaManager:
 
     # ------------------------------------------------------------------ recording
     def sensor(self, quota_type: QuotaType, user: str, client_id: str, now_ms: int) -> Sensor:
+        who = (quota_type, user, client_id)
+        sensor = self._sensor_of.get(who)
+        if sensor is not None:
+            return sensor
         resolution = self.resolve(quota_type, user, client_id)
         key = (quota_type, resolution.tags)
         sensor = self.sensors.get(key)
@@ -94,6 +112,7 @@ class QuotaManager:
                 quota_type, resolution.tags,
                 SampledRate(self.settings.samples, self.settings.window_ms),
                 resolution.limit, resolution.entity, now_ms)
+        self._sensor_of[who] = sensor
         return sensor
 
     def record(self, quota_type: QuotaType, user: str, client_id: str, value: float,
@@ -122,7 +141,8 @@ class QuotaManager:
         for k in idle:
             del self.sensors[k]
         if idle:
-            self._resolved.clear()  # keeps the cache bounded by the live client-ids
+            self._resolved.clear()  # keeps the caches bounded by the live client-ids
+            self._sensor_of.clear()
         return len(idle)
 
     def __iter__(self) -> Iterator[Sensor]:

@@ -145,6 +145,7 @@ def test_producer_quota_is_enforced_and_reported(quota_proxy: ProxyProcess) -> N
     assert not limited.errors and not free.errors
     measured = cycle_rate([(t - start, n) for t, n, _ in limited.delivered], WARMUP_S, QUOTA)
     # keys and values; the quota counts whole requests (about 1% of framing on top)
+    print(f"measured {measured:.0f} B/s for a quota of {QUOTA}")
     assert measured == pytest.approx(QUOTA, rel=0.05), measured
     assert limited.throttle_max_ms > 0  # librdkafka saw throttle_time_ms
     free_start = free.delivered[0][0]
@@ -208,6 +209,7 @@ def test_consumer_quota_is_enforced(quota_proxy: ProxyProcess) -> None:
     finally:
         consumer.close()
     measured = cycle_rate([(t - start, n) for t, n in received], WARMUP_S, QUOTA)
+    print(f"measured {measured:.0f} B/s for a quota of {QUOTA}")
     assert measured == pytest.approx(QUOTA, rel=0.05), measured
     assert throttle["max"] > 0
     assert keys == [b"%08d" % i for i in range(len(keys))]  # in order, none lost or repeated

@@ -139,3 +139,23 @@ def test_request_throttle_is_capped_at_one_window_byte_rate_optionally() -> None
     capped = QuotaManager(QuotaSettings(samples=11, window_ms=1000,
                                         cap_byte_rate_throttle=True, entities=entities))
     assert capped.record(P, "u", "c", 10_000, 0) == 1000
+
+
+def test_headroom_counts_values_in_flight_as_recorded() -> None:
+    # 1,000 B/s over 11 windows of 1 s: early on W is padded to 10 s, so 10,000 B fill it.
+    manager = QuotaManager(QuotaSettings(entities={EntityKey(None, "c"): {
+        QuotaType.PRODUCE: 1000.0}}))
+    sensor = manager.sensor(QuotaType.PRODUCE, "ANONYMOUS", "c", 0)
+    assert sensor.headroom(0)
+    manager.record(QuotaType.PRODUCE, "ANONYMOUS", "c", 6000, 0)
+    assert sensor.headroom(0)
+    sensor.in_flight = 3999
+    assert sensor.headroom(0)  # 9,999 B over 10 s: just below the quota
+    sensor.in_flight = 4000
+    assert not sensor.headroom(0)  # at the quota: the next request waits
+    sensor.in_flight = 0
+    assert sensor.headroom(0)
+    # Unlimited budgets always have headroom.
+    free = manager.sensor(QuotaType.PRODUCE, "ANONYMOUS", "other", 0)
+    free.in_flight = 1e12
+    assert free.headroom(0)
