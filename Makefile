@@ -21,7 +21,7 @@ demo: $(VENV)/.installed-demo
 	$(BIN)/kafka-quota-proxy demo
 
 lint: $(VENV)/.installed-test
-	$(BIN)/ruff check protocol proxy tests bench
+	$(BIN)/ruff check protocol proxy quota routing tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

@@ -1,0 +1,194 @@
+"""Fetch v11+ (KIP-392): what a consumer asks for, and ``preferred_read_replica`` in the answer.
+
+``parse_fetch_request`` walks a FetchRequest body by lengths and returns what fetch-from-
+follower routing needs: the partitions asked for, the fetch session (KIP-227), the forgotten
+partitions and the consumer's ``rack_id``. ``set_preferred_read_replicas`` sets
+``preferred_read_replica`` in chosen partitions of a FetchResponse and empties their records,
+as a Kafka leader does when its replica selector picks another replica: the consumer has not
+advanced, so it fetches the same offsets again from that replica. Everything else in the
+response (other partitions, tagged fields the proxy does not know) stays byte for byte.
+
+Topics are keyed as the version names them: by name (``str``) before v13, by topic id (16
+``bytes``) from v13. Layouts follow Kafka's FetchRequest.json / FetchResponse.json; the unit
+tests check them against kio for every version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeAlias
+
+from protocol.primitives import INT16, INT32, read_tagged_fields, read_uvarint
+from protocol.skim import _array_len, _skip_bytes
+
+Buffer: TypeAlias = bytes | memoryview
+TopicKey: TypeAlias = str | bytes  # topic name (Fetch < v13) or topic id (v13+)
+FIRST_VERSION = 11  # rack_id and preferred_read_replica
+_REPLICA_STATE_TAG = 1  # v15+: ReplicaState {replica_id, replica_epoch} (followers only)
+
+
+@dataclass(frozen=True, slots=True)
+class FetchRequestSummary:
+    replica_id: int  # -1 for consumers
+    session_id: int
+    session_epoch: int  # -1: no session (full fetch); 0: a new session (full); > 0: incremental
+    topics: tuple[tuple[TopicKey, tuple[int, ...]], ...]
+    forgotten: tuple[tuple[TopicKey, tuple[int, ...]], ...]
+    rack_id: str
+
+    @property
+    def from_consumer(self) -> bool:
+        return self.replica_id < 0
+
+
+def _read_string(buf: Buffer, pos: int, flexible: bool) -> tuple[str, int]:
+    if flexible:
+        n, pos = read_uvarint(buf, pos)
+        n -= 1
+    else:
+        n = INT16.unpack_from(buf, pos)[0]
+        pos += 2
+    if n < 0:
+        return "", pos
+    end = pos + n
+    if end > len(buf):
+        raise IndexError("string runs past the end")
+    return bytes(buf[pos:end]).decode(), end
+
+
+def _read_topic(buf: Buffer, pos: int, version: int, flexible: bool) -> tuple[TopicKey, int]:
+    if version >= 13:
+        if pos + 16 > len(buf):
+            raise IndexError("topic id runs past the end")
+        return bytes(buf[pos : pos + 16]), pos + 16
+    return _read_string(buf, pos, flexible)
+
+
+def _skip_tags(buf: Buffer, pos: int) -> int:
+    return read_tagged_fields(buf, pos)[1]
+
+
+def parse_fetch_request(buf: Buffer, pos: int, version: int) -> FetchRequestSummary:
+    """Walk a FetchRequest body (``pos`` just after the request header), v11+."""
+    if version < FIRST_VERSION:
+        raise ValueError(f"Fetch v{version} has no rack_id")
+    flexible = version >= 12
+    replica_id = -1
+    if version < 15:
+        replica_id = INT32.unpack_from(buf, pos)[0]
+        pos += 4
+    pos += 4 + 4 + 4 + 1  # max_wait_ms, min_bytes, max_bytes, isolation_level
+    session_id = INT32.unpack_from(buf, pos)[0]
+    session_epoch = INT32.unpack_from(buf, pos + 4)[0]
+    pos += 8
+    # partition, current_leader_epoch, fetch_offset, [last_fetched_epoch v12+],
+    # log_start_offset, partition_max_bytes
+    fixed = 4 + 4 + 8 + (4 if version >= 12 else 0) + 8 + 4
+    topics = []
+    n_topics, pos = _array_len(buf, pos, flexible)
+    for _ in range(max(n_topics, 0)):
+        topic, pos = _read_topic(buf, pos, version, flexible)
+        n_parts, pos = _array_len(buf, pos, flexible)
+        parts = []
+        for _ in range(max(n_parts, 0)):
+            parts.append(INT32.unpack_from(buf, pos)[0])
+            pos += fixed
+            if flexible:
+                pos = _skip_tags(buf, pos)
+        if flexible:
+            pos = _skip_tags(buf, pos)
+        topics.append((topic, tuple(parts)))
+    forgotten = []
+    n_forgotten, pos = _array_len(buf, pos, flexible)
+    for _ in range(max(n_forgotten, 0)):
+        topic, pos = _read_topic(buf, pos, version, flexible)
+        n_parts, pos = _array_len(buf, pos, flexible)
+        parts = [INT32.unpack_from(buf, pos + 4 * i)[0] for i in range(max(n_parts, 0))]
+        pos += 4 * max(n_parts, 0)
+        if flexible:
+            pos = _skip_tags(buf, pos)
+        forgotten.append((topic, tuple(parts)))
+    rack_id, pos = _read_string(buf, pos, flexible)
+    if flexible:
+        fields, pos = read_tagged_fields(buf, pos)
+        for tag, start, _end in fields:
+            if tag == _REPLICA_STATE_TAG and version >= 15:
+                replica_id = INT32.unpack_from(buf, start)[0]
+    if pos > len(buf):
+        raise IndexError("fetch request truncated")
+    return FetchRequestSummary(
+        replica_id, session_id, session_epoch, tuple(topics), tuple(forgotten), rack_id
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Redirect:
+    """One partition whose ``preferred_read_replica`` was set."""
+
+    topic: TopicKey
+    partition: int
+    replica: int
+    records_dropped: int  # bytes of records emptied
+
+
+# (topic, partition, preferred_read_replica the broker set) -> the replica to set, or None
+Chooser = Callable[[TopicKey, int, int], "int | None"]
+
+_EMPTY_RECORDS = {True: b"\x01", False: b"\x00\x00\x00\x00"}  # compact (flexible) / classic
+
+
+def set_preferred_read_replicas(
+    frame: Buffer, pos: int, version: int, choose: Chooser
+) -> tuple[bytes | None, list[Redirect]]:
+    """``frame`` (a FetchResponse without its size prefix; ``pos`` just after the response
+    header) with ``preferred_read_replica`` set, and the records emptied, in every partition
+    ``choose`` picks a replica for; ``(None, [])`` when it picks none."""
+    if version < FIRST_VERSION:
+        return None, []
+    flexible = version >= 12
+    pos += 4 + 2 + 4  # throttle_time_ms, error_code, session_id
+    fixed = 4 + 2 + 8 + 8 + 8  # partition, error_code, high_watermark, lso, log_start_offset
+    edits: list[tuple[int, int, int, int]] = []  # (prr offset, records start, records end, id)
+    redirects: list[Redirect] = []
+    n_topics, pos = _array_len(frame, pos, flexible)
+    for _ in range(max(n_topics, 0)):
+        topic, pos = _read_topic(frame, pos, version, flexible)
+        n_parts, pos = _array_len(frame, pos, flexible)
+        for _ in range(max(n_parts, 0)):
+            partition = INT32.unpack_from(frame, pos)[0]
+            pos += fixed
+            n_aborted, pos = _array_len(frame, pos, flexible)
+            for _ in range(max(n_aborted, 0)):
+                pos += 16
+                if flexible:
+                    pos = _skip_tags(frame, pos)
+            prr_at = pos
+            current = INT32.unpack_from(frame, pos)[0]
+            pos += 4
+            records_at = pos
+            pos = _skip_bytes(frame, pos, flexible)
+            replica = choose(topic, partition, current)
+            if replica is not None and replica != current:
+                edits.append((prr_at, records_at, pos, replica))
+                redirects.append(Redirect(topic, partition, replica, pos - records_at))
+            if flexible:
+                pos = _skip_tags(frame, pos)
+        if flexible:
+            pos = _skip_tags(frame, pos)
+    if flexible:
+        pos = _skip_tags(frame, pos)
+    if pos > len(frame):
+        raise IndexError("fetch response truncated")
+    if not edits:
+        return None, []
+    out: list[Buffer] = []
+    last = 0
+    empty = _EMPTY_RECORDS[flexible]
+    for prr_at, _records_at, records_end, replica in edits:
+        out.append(frame[last:prr_at])
+        out.append(INT32.pack(replica))
+        out.append(empty)
+        last = records_end
+    out.append(frame[last:])
+    return b"".join(out), redirects
