@@ -28,6 +28,7 @@ class InFlight:
         "request_size",
         "reserved",
         "response_size",
+        "route",
         "throttle_ms",
     )
 
@@ -51,6 +52,8 @@ class InFlight:
         self.follower = False  # a Fetch from a replica (replica_id >= 0), not a consumer
         self.annotation: Any = None
         self.reserved: Any = None
+        # Fetch: ``protocol.fetch.Chooser`` picking partitions' preferred_read_replica
+        self.route: Any = None
 
     def __repr__(self) -> str:
         return (

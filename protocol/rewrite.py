@@ -35,6 +35,7 @@ from protocol import apis
 from protocol.apis import ApiKey
 from protocol.correlation import InFlight
 from protocol.errors import MalformedFrame
+from protocol.fetch import set_preferred_read_replicas
 from protocol.headers import parse_response_header
 from protocol.primitives import (
     INT16,
@@ -313,6 +314,8 @@ class ResponseRewriter:
         # dropped instead (clients then refresh metadata, which is rewritten as usual)
         self.node_endpoints_dropped = 0
         self.rewritten: dict[int, int] = {}  # api key -> responses changed
+        # sees every decoded MetadataResponse (the cluster topology for fetch routing)
+        self.on_metadata: Callable[[Any], None] | None = None
 
     def rewrite_tail(self, entry: InFlight, tail: bytes) -> bytes:
         """Rewrite the top-level tagged fields ``tail`` of a streamed response into exactly
@@ -358,10 +361,29 @@ class ResponseRewriter:
             new = self._rewrite(entry, frame)
             if new is not None:
                 self._count(entry.api_key)
+        if entry.route is not None:
+            routed = self._route(entry, new if new is not None else frame)
+            if routed is not None:
+                new = routed
         if entry.throttle_ms > 0:
             patched = set_throttle_time(entry, new if new is not None else bytes(frame))
             if patched is not None:
                 new = patched
+        return new
+
+    def _route(self, entry: InFlight, frame: bytes | memoryview) -> bytes | None:
+        """Set ``preferred_read_replica`` where ``entry.route`` picks a replica."""
+        try:
+            header = parse_response_header(
+                frame, 0, len(frame), apis.response_header_version(entry.api_key,
+                                                                   entry.api_version))
+            new, _ = set_preferred_read_replicas(frame, header.size, entry.api_version,
+                                                 entry.route)
+        except (IndexError, ValueError, struct.error) as exc:
+            raise UndecodableResponse(
+                f"Fetch v{entry.api_version} response does not parse: {exc!r}") from None
+        if new is not None:
+            entry.response_size = len(new) + 4  # what the client gets
         return new
 
     def _rewrite(self, entry: InFlight, frame: bytes | memoryview) -> bytes | None:
@@ -389,6 +411,8 @@ class ResponseRewriter:
                 error_code = INT16.unpack_from(body, 0)[0]
                 return head + cap_api_versions(body, 0 if error_code == 35 else version)
             value = decode_response(api_key, version, body)
+            if api_key == ApiKey.METADATA and self.on_metadata is not None:
+                self.on_metadata(value)
             new_value = _DECODED[api_key](value, self.addresses)
             if new_value is value:
                 return None

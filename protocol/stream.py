@@ -52,16 +52,34 @@ class RequestStream:
     headers were read; requests that expect a response are entered in the correlation table.
     """
 
-    __slots__ = ("_held", "_max", "_pending", "_remaining", "_table")
+    __slots__ = (
+        "_capture",
+        "_capturing",
+        "_held",
+        "_max",
+        "_pending",
+        "_remaining",
+        "_table",
+        "captured",
+    )
 
     def __init__(
-        self, table: CorrelationTable, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+        self,
+        table: CorrelationTable,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        capture: Callable[[InFlight], bool] | None = None,
     ) -> None:
         self._table = table
         self._max = max_frame_bytes
         self._remaining = 0  # bytes of the current frame still to pass through
         self._pending = b""  # start of a frame whose header is not complete yet
         self._held = b""  # whole frames not read yet (``stop_after_frame``)
+        # ``capture(entry)`` True: a copy of that request frame (without size prefix) is
+        # appended to ``captured`` as ``(entry, frame)`` once complete; it is forwarded
+        # cut-through all the same. The caller empties ``captured``.
+        self._capture = capture
+        self._capturing: tuple[InFlight, list[bytes]] | None = None
+        self.captured: list[tuple[InFlight, bytes]] = []
 
     @property
     def buffered(self) -> int:
@@ -96,9 +114,13 @@ class RequestStream:
         rem = self._remaining
         if rem >= n:
             self._remaining = rem - n
+            if self._capturing is not None:
+                self._capture_more(data, n)
             return data, events
         pos = rem
         self._remaining = 0
+        if rem and self._capturing is not None:
+            self._capture_more(data, rem)
         if rem and stop_after_frame:
             self._held = data[rem:]
             return memoryview(data)[:rem], events
@@ -154,6 +176,11 @@ class RequestStream:
             if expects_response:
                 table.add(entry)
             events.append(entry)
+            if self._capture is not None and self._capture(entry):
+                if end > n:
+                    self._capturing = (entry, [data[pos + 4 : n]])
+                else:
+                    self.captured.append((entry, data[pos + 4 : end]))
             if end > n:
                 self._remaining = end - n
                 pos = n
@@ -165,6 +192,16 @@ class RequestStream:
         if pos == n:
             return data, events
         return memoryview(data)[:pos], events
+
+
+    def _capture_more(self, data: bytes, upto: int) -> None:
+        """The next ``upto`` bytes of ``data`` continue the frame being captured."""
+        assert self._capturing is not None
+        entry, parts = self._capturing
+        parts.append(data[:upto])
+        if not self._remaining:
+            self._capturing = None
+            self.captured.append((entry, b"".join(parts)))
 
 
 Rewriter = Callable[[InFlight, Buffer], bytes | None]

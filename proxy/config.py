@@ -6,10 +6,12 @@ errors; every error message reads ``FILE:LINE:COLUMN: field.path: what is wrong`
 
 from __future__ import annotations
 
+import importlib
 import ipaddress
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 import yaml
 from pydantic import (
@@ -24,6 +26,8 @@ from pydantic import (
 
 from quota.entities import DEFAULT, DEFAULT_NAME, EntityKey, Name, QuotaType
 from quota.manager import QuotaSettings
+from routing.client_rack import ClientRacks, RackRule
+from routing.selector import LeaderSelector, RackAwareSelector, ReplicaSelector
 
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024
 
@@ -230,6 +234,116 @@ class QuotasConfig(_Model):
         )
 
 
+class RackClientRule(_Model):
+    """Clients that send no rack: a regular expression on the client-id (matched from its
+    start), a source network, or both; the first matching rule gives the rack."""
+
+    client_id: str | None = Field(
+        default=None, validation_alias=AliasChoices("client-id", "client_id")
+    )
+    network: str | None = None
+    rack: str = Field(min_length=1)
+
+    @field_validator("client_id")
+    @classmethod
+    def _regex(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {exc}") from None
+        return value
+
+    @field_validator("network")
+    @classmethod
+    def _network(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                ipaddress.ip_network(value, strict=False)
+            except ValueError as exc:
+                raise ValueError(f"not a network: {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _some_condition(self) -> RackClientRule:
+        if self.client_id is None and self.network is None:
+            raise ValueError("a rule names a client_id pattern, a network, or both")
+        return self
+
+    def rule(self) -> RackRule:
+        return RackRule(
+            self.rack,
+            re.compile(self.client_id) if self.client_id is not None else None,
+            ipaddress.ip_network(self.network, strict=False) if self.network else None,
+        )
+
+
+SELECTORS = ("leader", "rack-aware")
+
+
+class RacksConfig(_Model):
+    """Rack-aware fetch routing (KIP-392). Present: consumers are pointed at an in-sync
+    replica in their own rack; absent: the proxy leaves replica selection to the brokers."""
+
+    proxy_rack: str | None = Field(
+        default=None, min_length=1,
+        description="The rack of this proxy: the rack of clients nothing else places.")
+    selector: str = Field(
+        default="rack-aware",
+        description='"leader" (off), "rack-aware", or "module:Class" with a select method.')
+    spread: bool = Field(
+        default=False,
+        description="rack-aware: spread clients and partitions over equal candidates "
+        "instead of Kafka's highest-node-id tie-break.")
+    decide: Literal["broker", "proxy"] = Field(
+        default="broker",
+        description="When the broker itself sets preferred_read_replica: keep its choice "
+        "(broker) or replace it (proxy).")
+    brokers: dict[int, str] = Field(
+        default_factory=dict, description="Racks of brokers that advertise none (node id: rack).")
+    clients: list[RackClientRule] = []
+
+    @field_validator("selector")
+    @classmethod
+    def _selector(cls, value: str) -> str:
+        if value in SELECTORS:
+            return value
+        load_selector(value)  # raises ValueError naming what is wrong
+        return value
+
+    def make_selector(self) -> ReplicaSelector:
+        if self.selector == "leader":
+            return LeaderSelector()
+        if self.selector == "rack-aware":
+            return RackAwareSelector(spread=self.spread)
+        return load_selector(self.selector)
+
+    def client_racks(self) -> ClientRacks:
+        return ClientRacks([c.rule() for c in self.clients], self.proxy_rack)
+
+
+def load_selector(spec: str) -> ReplicaSelector:
+    """Instantiate a user-supplied selector from ``module:Class``."""
+    module_name, sep, class_name = spec.partition(":")
+    if not sep or not module_name or not class_name:
+        raise ValueError(
+            f'expected "leader", "rack-aware" or "module:Class", got {spec!r}')
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ValueError(f"cannot import {module_name!r}: {exc}") from None
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        raise ValueError(f"module {module_name!r} has no {class_name!r}")
+    try:
+        selector = cls()
+    except Exception as exc:
+        raise ValueError(f"{spec}() failed: {exc}") from None
+    if not callable(getattr(selector, "select", None)):
+        raise ValueError(f"{spec} has no select(client, partition) method")
+    return cast(ReplicaSelector, selector)
+
+
 class ProxyConfig(_Model):
     listeners: ListenersConfig
     upstream: UpstreamConfig
@@ -237,6 +351,7 @@ class ProxyConfig(_Model):
     logging: LoggingConfig = LoggingConfig()
     network: NetworkConfig = NetworkConfig()
     quotas: QuotasConfig = QuotasConfig()
+    racks: RacksConfig | None = None
 
 
 _WILDCARDS = {"", "0.0.0.0", "::", "*"}
@@ -415,5 +530,8 @@ def summarize(config: ProxyConfig) -> str:
         f"max frame bytes    : {config.network.max_frame_bytes}",
         f"quota entities     : {len(config.quotas.entities)} "
         f"(window {config.quotas.window.samples} x {config.quotas.window.size_seconds} s)",
+        "fetch routing      : "
+        + (f"{config.racks.selector} (proxy rack {config.racks.proxy_rack or 'unset'}, "
+           f"{len(config.racks.clients)} client rules)" if config.racks else "off"),
     ]
     return "\n".join(lines)

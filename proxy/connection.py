@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import struct
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
@@ -16,6 +17,8 @@ from typing import TYPE_CHECKING, Any, cast
 from protocol.apis import ApiKey
 from protocol.correlation import CorrelationTable, InFlight
 from protocol.errors import ProtocolError
+from protocol.fetch import parse_fetch_request
+from protocol.headers import parse_request_header
 from protocol.rewrite import throttle_field
 from protocol.stream import RequestStream, ResponseStream
 from proxy.flow import ReadGate
@@ -23,6 +26,8 @@ from proxy.logs import get_logger
 from proxy.quotas import now_ms
 from quota.entities import ANONYMOUS, QuotaType
 from quota.manager import percent_of_thread
+from routing.decide import FetchSession, PartitionKey
+from routing.selector import ClientMetadata
 
 if TYPE_CHECKING:
     from proxy.server import Proxy
@@ -62,7 +67,17 @@ class ProxiedConnection(asyncio.Protocol):
         self._resolve_upstream = resolve_upstream
         self.table = CorrelationTable()
         cfg = proxy.config.network
-        self.requests = RequestStream(self.table, cfg.max_frame_bytes)
+        routing = proxy.routing
+        self._routed = routing.enabled and scope >= 0  # a broker's port: fetch routing applies
+        self.requests = RequestStream(
+            self.table, cfg.max_frame_bytes,
+            (lambda e: routing.wants(e.api_key, e.api_version, e.follower))
+            if self._routed else None)
+        self._session = FetchSession()
+        self._rack_key: tuple[str, str] | None = None
+        self._client_rack: str | None = None
+        self._route_key: tuple[Any, ...] | None = None
+        self._decisions: dict[PartitionKey, int] = {}
         self.responses = ResponseStream(
             self.table,
             proxy.rewriter,
@@ -75,6 +90,7 @@ class ProxiedConnection(asyncio.Protocol):
         self.client_gate = ReadGate()
         self.client_gate.on_resume = self._read_held
         self.peer = "?"
+        self._peer_ip: str | None = None
         self.closed = False
         self._early: list[bytes] = []
         self._connect_task: asyncio.Task[None] | None = None
@@ -84,6 +100,7 @@ class ProxiedConnection(asyncio.Protocol):
         transport = self.transport = cast(asyncio.Transport, base)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self._peer_ip = peer[0] if peer else None
         net = self.proxy.config.network
         transport.set_write_buffer_limits(net.write_buffer_high_bytes, net.write_buffer_low_bytes)
         self.client_gate.attach(transport)
@@ -106,11 +123,15 @@ class ProxiedConnection(asyncio.Protocol):
             if self.closed:
                 transport.close()
                 return
+            if self._routed:
+                self.proxy.routing.set_reachable(self.scope, True)
             if self._early:
                 early, self._early = self._early, []
                 self.upstream.transport.writelines(early)  # type: ignore[union-attr]
             self.client_gate.resume("connecting")
             return
+        if self._routed:  # no consumer is sent to this broker for a while
+            self.proxy.routing.set_reachable(self.scope, False)
         self.close("upstream_unreachable", detail="; ".join(errors) or "no upstream address known")
 
     @property
@@ -175,6 +196,8 @@ class ProxiedConnection(asyncio.Protocol):
             self.data_received(b"")
 
     def _handle_requests(self, forward: Any, events: list[InFlight]) -> None:
+        if self.requests.captured:
+            self._route_fetches()
         if events:
             stats = self.proxy.stats
             now = _now()
@@ -202,6 +225,38 @@ class ProxiedConnection(asyncio.Protocol):
     def eof_received(self) -> bool | None:
         self._client_gone(None)
         return None
+
+    # ------------------------------------------------------------------ fetch routing
+    def _route_fetches(self) -> None:
+        """Read the consumer Fetch requests captured on their way upstream; where the replica
+        selector sends partitions of the fetch session elsewhere, have the response rewritten
+        (see ``proxy.routing``)."""
+        captured, self.requests.captured = self.requests.captured, []
+        routing = self.proxy.routing
+        for entry, frame in captured:
+            try:
+                header = parse_request_header(frame, 0, len(frame))
+                summary = parse_fetch_request(frame, header.size, entry.api_version)
+            except (IndexError, ValueError, struct.error):
+                routing.unparsed_requests += 1
+                continue
+            if not summary.from_consumer:  # Fetch v15+ carries the replica id in a tag
+                entry.follower = True
+                continue
+            cid = entry.client_id or ""
+            rack_key = (summary.rack_id, cid)
+            if rack_key != self._rack_key:
+                self._rack_key = rack_key
+                self._client_rack = routing.client_rack(summary, cid, self._peer_ip)
+            session = self._session
+            session.update(summary.session_epoch, summary.topics, summary.forgotten)
+            key = (routing.generation, self._client_rack, session.version, cid, self.user)
+            if key != self._route_key:
+                self._route_key = key
+                client = ClientMetadata(self._client_rack, cid, self.peer, self.user)
+                self._decisions = routing.decide(self.scope, client, session)
+            if self._decisions:
+                entry.route = routing.chooser(cid, self._decisions)
 
     # ------------------------------------------------------------------ quotas
     def _reserve(self, entry: InFlight) -> None:
@@ -242,9 +297,10 @@ class ProxiedConnection(asyncio.Protocol):
         whether ``throttle_time_ms`` must be set in the response."""
         if entry.reserved is not None:
             self._release(entry)
+        routed = entry.route is not None  # the rewriter sets preferred_read_replica
         quotas = self.proxy.quotas
         if not quotas.active:
-            return False
+            return routed
         key = entry.api_key
         cid = entry.client_id or ""
         now = now_ms()
@@ -266,12 +322,12 @@ class ProxiedConnection(asyncio.Protocol):
             if request_throttle > throttle:
                 throttle, kind = request_throttle, QuotaType.REQUEST
         if throttle <= 0 or kind is None:
-            return False
+            return routed
         entry.throttle_ms = throttle
         self.proxy.stats.throttled[kind.short] += 1
         self.proxy.stats.throttle_ms[kind.short] += throttle
         self.mute(throttle)
-        return throttle_field(key, entry.api_version) is not None
+        return routed or throttle_field(key, entry.api_version) is not None
 
     def mute(self, throttle_ms: int) -> None:
         """KIP-219: read nothing more from this client until the throttle time has passed."""
@@ -333,6 +389,9 @@ class ProxiedConnection(asyncio.Protocol):
                 stats.response_bytes[key] += entry.response_size
                 stats.client(entry.client_id)[1] += entry.response_size
                 stats.observe_latency(key, now - entry.annotation)
+                if self._routed and key == _FETCH and not entry.follower:
+                    self.proxy.routing.count_fetch(self._client_rack, self.scope,
+                                                   entry.response_size)
             if self.client_gate.has("serial") and self._may_read_next():
                 self.client_gate.resume("serial")  # reads held requests unless still muted
             if self.proxy.draining and not self.table:
@@ -348,6 +407,10 @@ class ProxiedConnection(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
+        if self._routed and self.table and reason in ("upstream_closed", "upstream_error"):
+            # A broker does not drop connections with requests in flight unless it is going
+            # away: send no consumer to it for a while.
+            self.proxy.routing.set_reachable(self.scope, False)
         fields: dict[str, Any] = {
             "connection": self.id,
             "listener": self.listener,

@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from protocol.apis import api_name
+from proxy.routing import FetchRouting
 
 EntityRow = tuple[str, str, str, str, float, float | None, int, int]
 
@@ -61,6 +62,7 @@ class ProxyStats:
         # the busiest budgets: (broker, quota, user, client_id, rate, limit, throttled, ms)
         self.quota_entities: Callable[[], list[EntityRow]] = list
         self.brokers_known: Callable[[], int] = lambda: 0
+        self.routing: FetchRouting | None = None  # rack-aware fetch routing, when configured
 
     def observe_latency(self, api_key: int, seconds: float) -> None:
         buckets = self.latency_buckets.get(api_key)
@@ -165,6 +167,32 @@ class _Collector(Collector):
         g = GaugeMetricFamily("kafka_proxy_upstream_brokers", "Upstream brokers known")
         g.add_metric([], s.brokers_known())
         yield g
+        if s.routing is not None and s.routing.enabled:
+            yield from _routing_families(s.routing)
+
+
+def _routing_families(routing: FetchRouting) -> Iterator[Any]:
+    c = CounterMetricFamily(
+        "kafka_proxy_fetch_bytes",
+        "Consumer fetch response bytes, by the client's rack and the serving broker's rack "
+        "(empty: unknown)", labels=["client_rack", "broker_rack"])
+    for (client_rack, broker_rack), n in sorted(routing.fetch_bytes.items()):
+        c.add_metric([client_rack, broker_rack], n)
+    yield c
+    c = CounterMetricFamily(
+        "kafka_proxy_fetch_cross_rack_bytes",
+        "Consumer fetch response bytes served from another rack than the client's")
+    c.add_metric([], routing.cross_rack_bytes)
+    yield c
+    yield _family(CounterMetricFamily, "kafka_proxy_replica_selector_decisions",
+                  "Partitions of fetch responses: preferred_replica (the proxy pointed the "
+                  "consumer at another replica), broker_choice_kept (the broker had set one), "
+                  "bounced_to_leader (back at the leader too soon after a redirect)",
+                  "decision", routing.decisions)
+    c = CounterMetricFamily("kafka_proxy_fetch_requests_unparsed",
+                            "Consumer fetch requests the router could not read (left alone)")
+    c.add_metric([], routing.unparsed_requests)
+    yield c
 
 
 def make_registry(stats: ProxyStats) -> CollectorRegistry:

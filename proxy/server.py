@@ -25,6 +25,7 @@ from proxy.connection import ProxiedConnection
 from proxy.logs import get_logger
 from proxy.metrics import EntityRow, ProxyStats, make_registry, serve_metrics
 from proxy.quotas import BOOTSTRAP_SCOPE, QuotaEnforcer, now_ms
+from proxy.routing import FetchRouting
 
 log = get_logger("kafka_quota_proxy.server")
 
@@ -47,6 +48,10 @@ class Proxy:
         )
         self.stats.brokers_known = lambda: len(self.registry)
         self.rewriter = ResponseRewriter(self.registry)
+        self.routing = FetchRouting(config.racks)
+        self.stats.routing = self.routing
+        if self.routing.enabled:
+            self.rewriter.on_metadata = self.routing.observe_metadata
         self.stats.rewritten = self.rewriter.rewritten
         self.stats.node_endpoints_dropped = lambda: self.rewriter.node_endpoints_dropped
         self.stats.client_write_buffered = lambda: sum(
@@ -154,6 +159,8 @@ class Proxy:
                 continue
             for b in brokers:
                 self.registry.advertise(b.node_id, b.host, b.port, b.rack)
+            if self.routing.enabled:
+                self.routing.topology.observe_brokers((b.node_id, b.rack) for b in brokers)
             self.cluster_reachable.set()
             return True
         self.cluster_reachable.clear()

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +191,7 @@ def test_example_config_sets_every_key() -> None:
     assert set(data) == set(ProxyConfig.model_fields)
     for section, value in data.items():
         model = ProxyConfig.model_fields[section].annotation
+        model = next((a for a in typing.get_args(model) if a is not type(None)), model)
         assert set(value) == set(model.model_fields), section  # type: ignore[union-attr]
 
 
@@ -603,3 +605,56 @@ def test_check_config_non_utf8_file(tmp_path: Path) -> None:
 def test_metrics_port_colliding_via_wildcard_or_name(listen: str) -> None:
     e = single_error(BASE + f"metrics:\n  listen: {listen}\n")
     assert "collides with a proxy listener" in e["msg"]
+
+
+# --------------------------------------------------------------------------- racks
+RACKS_DOC = """\
+racks:
+  proxy_rack: "us-east-1a"
+  selector: rack-aware
+  brokers: {1: "us-east-1a", 2: "us-east-1b"}
+  clients:
+    - {client_id: "^billing-.*", rack: "us-east-1b"}
+    - {network: "10.1.0.0/16", rack: "us-east-1a"}
+"""
+
+
+def test_racks_form_from_the_issue() -> None:
+    cfg = parse_config(BASE + RACKS_DOC, SOURCE)
+    assert cfg.racks is not None
+    racks = cfg.racks.client_racks()
+    assert racks.rack_for("", "billing-9", "10.1.0.1") == ("us-east-1b", "rule")
+    assert racks.rack_for("", "x", "10.1.0.1") == ("us-east-1a", "rule")
+    assert racks.rack_for("", "x", "192.168.0.1") == ("us-east-1a", "proxy")
+    assert cfg.racks.brokers == {1: "us-east-1a", 2: "us-east-1b"}
+    assert type(cfg.racks.make_selector()).__name__ == "RackAwareSelector"
+    assert parse_config(BASE, SOURCE).racks is None  # no section: routing off
+
+
+def test_custom_selector_by_module_and_class() -> None:
+    cfg = parse_config(BASE + "racks:\n  selector: routing.selector:LeaderSelector\n", SOURCE)
+    assert cfg.racks is not None
+    assert type(cfg.racks.make_selector()).__name__ == "LeaderSelector"
+
+
+@pytest.mark.parametrize(
+    ("extra", "line", "path", "fragment"),
+    [
+        ("racks:\n  selector: nearest\n", 8, "racks.selector", '"module:Class"'),
+        ("racks:\n  selector: 'no_such_module:X'\n", 8, "racks.selector", "cannot import"),
+        ("racks:\n  selector: 'routing.selector:Nope'\n", 8, "racks.selector", "has no 'Nope'"),
+        ("racks:\n  decide: maybe\n", 8, "racks.decide", "'broker' or 'proxy'"),
+        ("racks:\n  brokers: {one: a}\n", 8, "racks.brokers.one.[key]", "valid integer"),
+        ("racks:\n  clients:\n    - {rack: a}\n", 9, "racks.clients.0", "client_id pattern"),
+        ("racks:\n  clients:\n    - {network: 10.0.0.0/40, rack: a}\n", 9,
+         "racks.clients.0.network", "not a network"),
+        ("racks:\n  clients:\n    - {client_id: '(', rack: a}\n", 9,
+         "racks.clients.0.client_id", "not a regular expression"),
+        ("racks:\n  clients:\n    - {client_id: x, rack: ''}\n", 9, "racks.clients.0.rack",
+         "at least 1 character"),
+    ],
+)
+def test_bad_racks_config(extra: str, line: int, path: str, fragment: str) -> None:
+    e = single_error(BASE + extra)
+    assert (e["line"], e["path"]) == (line, path), e
+    assert fragment in e["msg"], e["msg"]

@@ -155,6 +155,25 @@ def test_request_stream_forwards_input_exactly_under_any_chunking(data: Any, req
         assert (r.correlation_id in table) == r.expects_response
 
 
+@settings(max_examples=120, deadline=None)
+@given(data=st.data(), reqs=request_batches(), stop=st.booleans())
+def test_captured_frames_are_whole_and_forwarding_is_unchanged(data: Any, reqs: list[Req],
+                                                               stop: bool):
+    payload = b"".join(r.data for r in reqs)
+    wanted = data.draw(st.sets(st.sampled_from([r.api_key for r in reqs]))) if reqs else set()
+    stream = RequestStream(CorrelationTable(), capture=lambda e: e.api_key in wanted)
+    forwarded = bytearray()
+    for chunk in chunked(payload, data.draw):
+        out, _ = stream.feed(chunk, stop_after_frame=stop)
+        forwarded += out
+        while stream.held:
+            out, _ = stream.feed(b"", stop_after_frame=stop)
+            forwarded += out
+    assert bytes(forwarded) == payload
+    assert [(e.correlation_id, bytes(f)) for e, f in stream.captured] == [
+        (r.correlation_id, r.data[4:]) for r in reqs if r.api_key in wanted]
+
+
 PRODUCE_CASES = [
     (version, txn, acks)
     for version in (0, 1, 2, 3, 8, 9, 10, 13)
