@@ -221,8 +221,13 @@ def fit_tagged_fields(fields: list[tuple[int, bytes]], length: int) -> bytes | N
     return None if filler is None else count_bytes + body + filler
 
 
-def cap_api_versions(body: bytes, version: int) -> bytes:
-    """Edit an ApiVersions response body's ``api_keys`` array (see module docstring)."""
+def cap_api_versions(
+    body: bytes,
+    version: int,
+    offered: Callable[[int, int, int], tuple[int, int] | None] = apis.offered_range,
+) -> bytes:
+    """Edit an ApiVersions response body's ``api_keys`` array (see module docstring):
+    ``offered(api_key, min, max)`` gives the range to advertise, or None to drop the API."""
     flexible = version >= 3
     pos = 2  # error_code
     if flexible:
@@ -241,16 +246,16 @@ def cap_api_versions(body: bytes, version: int) -> bytes:
         tag_start = pos
         if flexible:
             pos = skip_tagged_fields(body, pos)
-        offered = apis.offered_range(api_key, lo, hi)
-        if offered is None:
+        kept_range = offered(api_key, lo, hi)
+        if kept_range is None:
             continue
-        if offered == (lo, hi):
+        if kept_range == (lo, hi):
             kept.append(body[start:pos])
         else:
             kept.append(
                 INT16.pack(api_key)
-                + INT16.pack(offered[0])
-                + INT16.pack(offered[1])
+                + INT16.pack(kept_range[0])
+                + INT16.pack(kept_range[1])
                 + body[tag_start:pos]
             )
     if pos > len(body):

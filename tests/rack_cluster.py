@@ -35,11 +35,11 @@ from kio.schema.types import BrokerId
 from kio.static.constants import EntityType
 from kio.static.primitive import i32
 
-from protocol import apis
+from protocol import apis, rewrite
 from protocol.correlation import CorrelationTable, InFlight
 from protocol.fetch import FetchRequestSummary, parse_fetch_request, set_preferred_read_replicas
 from protocol.headers import parse_request_header, parse_response_header, produce_acks
-from protocol.primitives import INT16, INT32, read_uvarint, skip_tagged_fields
+from protocol.primitives import INT16, INT32
 from protocol.rewrite import decode_response, encode_entity
 from protocol.stream import DEFAULT_MAX_FRAME_BYTES, ResponseStream
 
@@ -85,31 +85,11 @@ def _field_names(value: Any) -> set[str]:
 
 
 def cap_api_versions(body: bytes, version: int, caps: dict[int, int]) -> bytes:
-    """An ApiVersions response body with the ``max_version`` of the APIs in ``caps`` lowered.
-    The leading ``api_keys`` array has the same layout in every version (flexible from v3)."""
-    flexible = version >= 3
-    pos = 2  # error_code
-    if flexible:
-        count, pos = read_uvarint(body, pos)
-        count -= 1
-    else:
-        count = INT32.unpack_from(body, pos)[0]
-        pos += 4
-    out = bytearray(body[:pos])
-    for _ in range(max(count, 0)):
-        start = pos
-        api_key = INT16.unpack_from(body, pos)[0]
-        hi = INT16.unpack_from(body, pos + 4)[0]
-        pos += 6
-        if flexible:
-            pos = skip_tagged_fields(body, pos)
-        entry = bytearray(body[start:pos])
-        if api_key in caps and hi > caps[api_key]:
-            entry[4:6] = INT16.pack(caps[api_key])
-        out += entry
-    if pos > len(body):
-        raise IndexError("api versions response truncated")
-    return bytes(out) + body[pos:]
+    """An ApiVersions response body with the ``max_version`` of the APIs in ``caps`` lowered
+    (the proxy's own in-place edit, with these caps instead of the proxy's)."""
+    return rewrite.cap_api_versions(
+        body, version,
+        lambda key, lo, hi: (lo, min(hi, caps[key])) if key in caps else (lo, hi))
 
 
 class _Node:
