@@ -344,6 +344,15 @@ def load_selector(spec: str) -> ReplicaSelector:
     return cast(ReplicaSelector, selector)
 
 
+class CaptureConfig(_Model):
+    """Traffic capture: one Parquet record per request (never payloads)."""
+
+    dir: str = Field(min_length=1, description="Directory of the capture files (created).")
+    rotate_mb: float = Field(default=128, gt=0, description="Start a new file past this size.")
+    rotate_seconds: float = Field(default=300, gt=0,
+                                  description="Start a new file after this long.")
+
+
 class ProxyConfig(_Model):
     listeners: ListenersConfig
     upstream: UpstreamConfig
@@ -352,6 +361,7 @@ class ProxyConfig(_Model):
     network: NetworkConfig = NetworkConfig()
     quotas: QuotasConfig = QuotasConfig()
     racks: RacksConfig | None = None
+    capture: CaptureConfig | None = None
 
 
 _WILDCARDS = {"", "0.0.0.0", "::", "*"}

@@ -283,44 +283,59 @@ class ProxiedConnection(asyncio.Protocol):
         """acks=0: no response to throttle, but the client is still held back (and its
         request time is exempt, as in Kafka)."""
         quotas = self.proxy.quotas
+        throttle = 0
+        now = now_ms()
         if quotas.enabled(QuotaType.PRODUCE):
             throttle = quotas.manager(self.scope).record(
                 QuotaType.PRODUCE, self.user, entry.client_id or "", entry.request_size - 4,
-                now_ms())
+                now)
             if throttle > 0:
                 self.proxy.stats.throttled[QuotaType.PRODUCE.short] += 1
                 self.proxy.stats.throttle_ms[QuotaType.PRODUCE.short] += throttle
                 self.mute(throttle)
+        if self.proxy.capture is not None:
+            self._capture(entry, now, -1, 0.0, throttle, 0, 0)
 
     def _on_response(self, entry: InFlight) -> bool:
         """Record this response's quotas; throttle the client if one is violated. Returns
-        whether ``throttle_time_ms`` must be set in the response."""
+        whether the response goes through the rewriter (to set ``throttle_time_ms`` or
+        ``preferred_read_replica``)."""
         if entry.reserved is not None:
             self._release(entry)
         routed = entry.route is not None  # the rewriter sets preferred_read_replica
         quotas = self.proxy.quotas
-        if not quotas.active:
+        capture = self.proxy.capture
+        if not quotas.active and capture is None:
             return routed
         key = entry.api_key
         cid = entry.client_id or ""
         now = now_ms()
-        manager = quotas.manager(self.scope)
-        throttle = 0
+        elapsed_ms = (_now() - entry.annotation) * 1000.0
+        manager = quotas.manager(self.scope) if quotas.active else None
+        byte_throttle = request_throttle = 0
         kind = None
-        if key == _PRODUCE and quotas.enabled(QuotaType.PRODUCE):
-            kind = QuotaType.PRODUCE
-            throttle = manager.record(kind, self.user, cid, entry.request_size - 4, now)
-        elif key == _FETCH and not entry.follower and quotas.enabled(QuotaType.FETCH):
-            kind = QuotaType.FETCH
-            throttle = manager.record(kind, self.user, cid, entry.response_size - 4, now)
-        if quotas.enabled(QuotaType.REQUEST) and not entry.follower:
-            # Request time: proxy processing plus the upstream round trip (the proxy cannot
-            # see broker thread time), as a percentage of one thread.
-            elapsed_ms = (_now() - entry.annotation) * 1000.0
-            request_throttle = manager.record(
-                QuotaType.REQUEST, self.user, cid, percent_of_thread(elapsed_ms), now)
-            if request_throttle > throttle:
-                throttle, kind = request_throttle, QuotaType.REQUEST
+        request_time = 0.0
+        if manager is not None:
+            if key == _PRODUCE and quotas.enabled(QuotaType.PRODUCE):
+                kind = QuotaType.PRODUCE
+                byte_throttle = manager.record(kind, self.user, cid, entry.request_size - 4, now)
+            elif key == _FETCH and not entry.follower and quotas.enabled(QuotaType.FETCH):
+                kind = QuotaType.FETCH
+                byte_throttle = manager.record(kind, self.user, cid, entry.response_size - 4,
+                                               now)
+            if quotas.enabled(QuotaType.REQUEST) and not entry.follower:
+                # Request time: proxy processing plus the upstream round trip (the proxy
+                # cannot see broker thread time), as a percentage of one thread.
+                request_time = elapsed_ms
+                request_throttle = manager.record(
+                    QuotaType.REQUEST, self.user, cid, percent_of_thread(elapsed_ms), now)
+        if capture is not None:
+            self._capture(entry, now, elapsed_ms, request_time,
+                          byte_throttle if key == _PRODUCE else 0,
+                          byte_throttle if key == _FETCH else 0, request_throttle)
+        throttle = byte_throttle
+        if request_throttle > throttle:
+            throttle, kind = request_throttle, QuotaType.REQUEST
         if throttle <= 0 or kind is None:
             return routed
         entry.throttle_ms = throttle
@@ -328,6 +343,22 @@ class ProxiedConnection(asyncio.Protocol):
         self.proxy.stats.throttle_ms[kind.short] += throttle
         self.mute(throttle)
         return routed or throttle_field(key, entry.api_version) is not None
+
+    def _capture(self, entry: InFlight, quota_ms: int, elapsed_ms: float, request_time: float,
+                 produce_ms: int, fetch_ms: int, request_ms: int) -> None:
+        """One capture record (``proxy.capture.FIELDS`` order)."""
+        capture = self.proxy.capture
+        assert capture is not None
+        answered = elapsed_ms >= 0
+        wall = time.time() * 1000.0 - (_now() - entry.annotation) * 1000.0
+        capture.record((
+            capture.next_seq(), int(wall), quota_ms, self.id, self.scope, self.user,
+            entry.client_id or "", self._peer_ip or "", entry.api_key, entry.api_version,
+            entry.request_size, entry.response_size if answered else -1,
+            int(elapsed_ms * 1000) if answered else -1, request_time, entry.follower,
+            produce_ms, fetch_ms, request_ms, self._client_rack,
+            self.proxy.quotas.generation,
+        ))
 
     def mute(self, throttle_ms: int) -> None:
         """KIP-219: read nothing more from this client until the throttle time has passed."""

@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from protocol.apis import api_name
+from proxy.capture import Capture
 from proxy.routing import FetchRouting
 
 EntityRow = tuple[str, str, str, str, float, float | None, int, int]
@@ -63,6 +64,7 @@ class ProxyStats:
         self.quota_entities: Callable[[], list[EntityRow]] = list
         self.brokers_known: Callable[[], int] = lambda: 0
         self.routing: FetchRouting | None = None  # rack-aware fetch routing, when configured
+        self.capture: Capture | None = None  # traffic capture, when configured
 
     def observe_latency(self, api_key: int, seconds: float) -> None:
         buckets = self.latency_buckets.get(api_key)
@@ -169,6 +171,22 @@ class _Collector(Collector):
         yield g
         if s.routing is not None and s.routing.enabled:
             yield from _routing_families(s.routing)
+        if s.capture is not None:
+            yield from _capture_families(s.capture)
+
+
+def _capture_families(capture: Capture) -> Iterator[Any]:
+    for name, doc, value in (
+        ("kafka_proxy_capture_records", "Requests captured", capture.records),
+        ("kafka_proxy_capture_dropped_records",
+         "Capture records dropped because the writer fell behind", capture.dropped),
+        ("kafka_proxy_capture_written_records", "Capture records written to files",
+         capture.writer.records_written),
+        ("kafka_proxy_capture_files", "Capture files completed", capture.writer.files_written),
+    ):
+        c = CounterMetricFamily(name, doc)
+        c.add_metric([], value)
+        yield c
 
 
 def _routing_families(routing: FetchRouting) -> Iterator[Any]:

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import socket
+import time
 from typing import Any
 
 from protocol.rewrite import ResponseRewriter
 from proxy.brokers import Broker, BrokerRegistry
+from proxy.capture import Capture
 from proxy.cluster import fetch_brokers
 from proxy.config import ConfigError, ProxyConfig, load_config
 from proxy.connection import ProxiedConnection
@@ -49,6 +52,7 @@ class Proxy:
         self.stats.brokers_known = lambda: len(self.registry)
         self.rewriter = ResponseRewriter(self.registry)
         self.routing = FetchRouting(config.racks)
+        self.capture: Capture | None = None
         self.stats.routing = self.routing
         if self.routing.enabled:
             self.rewriter.on_metadata = self.routing.observe_metadata
@@ -95,6 +99,17 @@ class Proxy:
                 raise StartupError(
                     f"cannot listen on metrics.listen {m}: {exc.strerror or exc}"
                 ) from None
+        if self.config.capture is not None:
+            c = self.config.capture
+            try:
+                self.capture = Capture(c.dir, c.rotate_mb, c.rotate_seconds)
+            except OSError as exc:
+                for server in self.servers.values():
+                    server.close()
+                raise StartupError(f"cannot write capture.dir {c.dir}: {exc}") from None
+            self.stats.capture = self.capture
+            self._write_quota_config()
+            self._spawn(self._flush_capture())
         self._spawn(self._refresh_loop())
         self._spawn(self._expire_loop())
         if self.config_path is not None and self.config.quotas.watch_seconds > 0:
@@ -210,13 +225,39 @@ class Proxy:
         self.stats.reloads["success"] += 1
         ignored = [name for name in ProxyConfig.model_fields
                    if name != "quotas" and getattr(new, name) != getattr(self.config, name)]
-        if new.quotas != self.config.quotas:
+        changed = new.quotas != self.config.quotas
+        if changed:
             self.quotas.update(new.quotas.settings())
         self.config = self.config.model_copy(update={"quotas": new.quotas})
+        if changed:
+            self._write_quota_config()
         log.info("config_reloaded", file=self.config_path,
                  quota_entities=len(new.quotas.entities),
                  **({"restart_needed_for": ignored} if ignored else {}))
         return True
+
+    # ------------------------------------------------------------------ capture
+    def _write_quota_config(self) -> None:
+        """Next to the capture: the quota config of each generation, so a replay can use the
+        configuration that was live when each request was recorded."""
+        if self.capture is None:
+            return
+        q = self.config.quotas
+        doc = {
+            "quota_generation": self.quotas.generation,
+            "since_ms": int(time.time() * 1000),
+            "quotas": q.model_dump(mode="json", by_alias=True, exclude_none=True),
+        }
+        path = self.capture.directory / f"quotas-{os.getpid()}-{self.quotas.generation:05d}.json"
+        try:
+            path.write_text(json.dumps(doc, indent=1))
+        except OSError as exc:
+            log.error("capture_config_write_failed", path=str(path), error=str(exc))
+
+    async def _flush_capture(self) -> None:
+        while self.capture is not None:
+            await asyncio.sleep(1.0)
+            self.capture.flush()
 
     async def _watch_config(self) -> None:
         """Reload when the config file changes (polled; SIGHUP also reloads)."""
@@ -295,6 +336,11 @@ class Proxy:
         for server in self.servers.values():
             with contextlib.suppress(Exception):
                 await server.wait_closed()
+        if self.capture is not None:
+            capture, self.capture = self.capture, None
+            await asyncio.get_running_loop().run_in_executor(None, capture.close)
+            log.info("capture_closed", records=capture.records, dropped=capture.dropped,
+                     files=capture.writer.files_written)
         log.info("proxy_stopped")
 
 

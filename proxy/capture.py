@@ -1,0 +1,181 @@
+"""Traffic capture: one record per request (never payloads), written to rotated Parquet files.
+
+The event loop only appends a tuple to a list; every ``BATCH`` records (or on ``flush``) the
+list is handed to a writer thread through a bounded queue. When the writer falls behind and
+the queue is full, the batch is dropped and counted: capture never slows or blocks proxying.
+
+Files are written as ``capture-<UTC time>-<n>.parquet.inprogress`` and renamed to
+``.parquet`` when rotated (by size or age) or when the proxy stops, so readers only ever see
+complete files. The schema is versioned (``SCHEMA_VERSION``, also in each file's metadata);
+``docs/capture-schema.md`` documents it.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from proxy.logs import get_logger
+
+log = get_logger("kafka_quota_proxy.capture")
+
+SCHEMA_VERSION = 1
+BATCH = 1024
+QUEUE_BATCHES = 64
+
+# (name, type): the order of the tuple ``Capture.record`` takes
+FIELDS: tuple[tuple[str, pa.DataType], ...] = (
+    ("seq", pa.int64()),  # order of the records within one proxy run
+    ("ts_ms", pa.int64()),  # wall clock (Unix ms) when the request was read
+    ("quota_ms", pa.int64()),  # the quota engine's clock (monotonic ms) at recording time
+    ("connection", pa.int64()),
+    ("broker", pa.int32()),  # upstream node id; -1: the bootstrap listener
+    ("user", pa.string()),
+    ("client_id", pa.string()),
+    ("client_address", pa.string()),
+    ("api_key", pa.int16()),
+    ("api_version", pa.int16()),
+    ("request_bytes", pa.int32()),  # whole frame, size prefix included
+    ("response_bytes", pa.int32()),  # as the broker sent it; -1: no response (acks=0)
+    ("duration_us", pa.int64()),  # request forwarded -> response started; -1: no response
+    ("request_time_ms", pa.float64()),  # what the request quota recorded (0: exempt)
+    ("follower", pa.bool_()),  # a replica's fetch (quota-exempt)
+    ("throttle_produce_ms", pa.int32()),
+    ("throttle_fetch_ms", pa.int32()),
+    ("throttle_request_ms", pa.int32()),
+    ("client_rack", pa.string()),
+    ("quota_generation", pa.int32()),  # which quota config was live (see quotas-*.json)
+)
+SCHEMA = pa.schema(
+    [pa.field(name, kind) for name, kind in FIELDS],
+    metadata={"kafka_quota_proxy.capture_schema_version": str(SCHEMA_VERSION)},
+)
+
+
+class CaptureWriter(threading.Thread):
+    """Writes batches of record tuples to rotated Parquet files in ``directory``."""
+
+    def __init__(self, directory: Path, rotate_bytes: int, rotate_seconds: float,
+                 batches: queue.Queue[list[tuple[Any, ...]] | None]) -> None:
+        super().__init__(name="capture-writer", daemon=True)
+        self.directory = directory
+        self.rotate_bytes = rotate_bytes
+        self.rotate_seconds = rotate_seconds
+        self.batches = batches
+        self._writer: pq.ParquetWriter | None = None
+        self._sink: Any = None
+        self._path: Path | None = None
+        self._opened = 0.0
+        self._files = 0
+        self.files_written = 0
+        self.records_written = 0
+        self.error: str | None = None
+
+    def _open(self) -> None:
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        self._files += 1
+        self._path = self.directory / f"capture-{stamp}-{os.getpid()}-{self._files:05d}.parquet"
+        self._sink = pa.OSFile(str(self._path) + ".inprogress", "wb")
+        self._writer = pq.ParquetWriter(self._sink, SCHEMA, compression="zstd")
+        self._opened = time.monotonic()
+
+    def _close(self) -> None:
+        if self._writer is None:
+            return
+        self._writer.close()
+        self._sink.close()
+        assert self._path is not None
+        os.replace(str(self._path) + ".inprogress", self._path)
+        self.files_written += 1
+        self._writer = self._sink = None
+
+    def _write(self, rows: Sequence[tuple[Any, ...]]) -> None:
+        if self._writer is None:
+            self._open()
+        assert self._writer is not None
+        columns = list(zip(*rows, strict=True))
+        table = pa.Table.from_arrays(
+            [pa.array(col, type=kind) for col, (_, kind) in zip(columns, FIELDS, strict=True)],
+            schema=SCHEMA)
+        self._writer.write_table(table)
+        self.records_written += len(rows)
+        if (self._sink.tell() >= self.rotate_bytes
+                or time.monotonic() - self._opened >= self.rotate_seconds):
+            self._close()
+
+    def run(self) -> None:
+        while True:
+            try:
+                rows = self.batches.get(timeout=min(self.rotate_seconds, 1.0))
+            except queue.Empty:
+                if self._writer is not None and (
+                        time.monotonic() - self._opened >= self.rotate_seconds):
+                    self._close()
+                continue
+            if rows is None:
+                break
+            try:
+                self._write(rows)
+            except Exception as exc:  # a full disk must not take the proxy down
+                self.error = repr(exc)
+                log.error("capture_write_failed", error=self.error)
+        try:
+            self._close()
+        except Exception as exc:
+            log.error("capture_close_failed", error=repr(exc))
+
+
+class Capture:
+    """The event-loop side: ``record(row)`` appends; full batches go to the writer thread."""
+
+    def __init__(self, directory: str | Path, rotate_mb: float = 128,
+                 rotate_seconds: float = 300, queue_batches: int = QUEUE_BATCHES,
+                 batch: int = BATCH) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.batch = batch
+        self._rows: list[tuple[Any, ...]] = []
+        self._queue: queue.Queue[list[tuple[Any, ...]] | None] = queue.Queue(queue_batches)
+        self.writer = CaptureWriter(self.directory, int(rotate_mb * 1024 * 1024),
+                                    rotate_seconds, self._queue)
+        self.seq = 0
+        self.records = 0
+        self.dropped = 0
+        self.writer.start()
+
+    def record(self, row: tuple[Any, ...]) -> None:
+        self._rows.append(row)
+        self.records += 1
+        if len(self._rows) >= self.batch:
+            self.flush()
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def flush(self) -> None:
+        """Hand what is buffered to the writer (or drop it, counted, if it is behind)."""
+        if not self._rows:
+            return
+        rows, self._rows = self._rows, []
+        try:
+            self._queue.put_nowait(rows)
+        except queue.Full:
+            self.dropped += len(rows)
+
+    def close(self, timeout: float = 30) -> None:
+        """Write what is left and close the current file."""
+        self.flush()
+        try:
+            self._queue.put(None, timeout=timeout)
+        except queue.Full:
+            log.error("capture_close_timeout")
+        self.writer.join(timeout)

@@ -1,0 +1,90 @@
+"""Traffic capture with a real broker and librdkafka: one record per request, with the
+throttles the proxy applied, in complete Parquet files, and the quota config next to them."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from proxy.embedded_broker import TansuBroker
+from tests.support import ProxyProcess
+
+pytestmark = pytest.mark.e2e
+
+QUOTA = 200_000
+
+
+def test_every_request_is_captured_with_its_throttle(tansu: TansuBroker, tmp_path: Path) -> None:
+    capture_dir = tmp_path / "capture"
+    proxy = ProxyProcess(tansu.bootstrap, extra_yaml=f"""quotas:
+  entities:
+    - {{client-id: "captured-limited", producer_byte_rate: {QUOTA}}}
+capture:
+  dir: "{capture_dir}"
+  rotate_seconds: 2
+""").start()
+    try:
+        proxy.wait_broker_listener(111)
+        topic = f"capture-{uuid.uuid4().hex[:6]}"
+        admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
+        admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=30)
+        producer = Producer({"bootstrap.servers": proxy.bootstrap, "acks": "1",
+                             "client.id": "captured-limited", "linger.ms": 5,
+                             "batch.size": 16384, "queue.buffering.max.kbytes": 256})
+        deadline = time.monotonic() + 4  # well past a 200 KB/s quota
+        sent = 0
+        while time.monotonic() < deadline:
+            try:
+                producer.produce(topic, value=b"c" * 1000)
+                sent += 1
+            except BufferError:
+                producer.poll(0.05)
+            producer.poll(0)
+        assert producer.flush(60) == 0
+        consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": "cap",
+                             "client.id": "captured-reader"})
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        got = 0
+        while got < sent:
+            got += sum(1 for m in consumer.consume(1000, 2.0) if m.error() is None)
+        consumer.close()
+        metrics = proxy.metrics()
+    finally:
+        proxy.stop()
+    assert proxy.events()[-1]["event"] == "proxy_stopped"
+
+    assert list(capture_dir.glob("*.inprogress")) == []
+    files = sorted(capture_dir.glob("capture-*.parquet"))
+    assert len(files) >= 2  # rotated by age while running
+    rows = [r for f in files for r in pq.read_table(f).to_pylist()]
+    # Every request forwarded while the metrics were scraped is in the capture (later ones:
+    # the consumer's closing requests).
+    # A request is captured when its response starts: every request forwarded when the
+    # metrics were scraped is in the capture, but those still awaiting their response.
+    forwarded = sum(v for k, v in metrics.items() if k.startswith("kafka_proxy_requests_total"))
+    captured = metrics["kafka_proxy_capture_records_total"]
+    in_flight = sum(v for k, v in metrics.items() if k.startswith("kafka_proxy_connections{"))
+    assert 0 <= forwarded - captured <= 2 * in_flight
+    assert len(rows) >= captured and metrics["kafka_proxy_capture_dropped_records_total"] == 0
+    assert len({r["seq"] for r in rows}) == len(rows)
+    produce = [r for r in rows if r["api_key"] == 0 and r["client_id"] == "captured-limited"]
+    fetch = [r for r in rows if r["api_key"] == 1 and r["client_id"] == "captured-reader"]
+    assert produce and fetch
+    assert sum(r["request_bytes"] for r in produce) > 4 * QUOTA
+    assert sum(1 for r in produce if r["throttle_produce_ms"] > 0) > 0
+    assert metrics['kafka_proxy_quota_throttled_requests_total{quota="produce"}'] == sum(
+        1 for r in rows if r["throttle_produce_ms"] > 0)
+    assert all(r["broker"] == 111 and r["user"] == "ANONYMOUS" for r in produce + fetch)
+    assert all(r["duration_us"] >= 0 and r["response_bytes"] > 0 for r in produce + fetch)
+    assert Counter(r["api_key"] for r in rows)[18] >= 2  # ApiVersions from each client
+    config = json.loads(next(capture_dir.glob("quotas-*.json")).read_text())
+    assert config["quota_generation"] == 0
+    assert config["quotas"]["entities"][0]["producer_byte_rate"] == QUOTA
