@@ -72,7 +72,8 @@ def _cpu(m: Measurement) -> str:
 
 
 def start_proxy(stack: contextlib.ExitStack, workdir: Path, name: str, broker: TansuBroker,
-                quotas: bool) -> Endpoint:
+                extra: dict[str, object] | None = None) -> Endpoint:
+    """A proxy subprocess in front of ``broker``, with ``extra`` config sections."""
     port = free_port()
     low, high = pick_port_range(100, avoid={broker.port, port})
     config: dict[str, object] = {
@@ -80,11 +81,8 @@ def start_proxy(stack: contextlib.ExitStack, workdir: Path, name: str, broker: T
                       "broker_ports": f"{low}-{high}"},
         "upstream": {"bootstrap_servers": [broker.bootstrap]},
         "logging": {"level": "warning"},
+        **(extra or {}),
     }
-    if quotas:
-        config["quotas"] = {"entities": [{"client-id": "<default>",
-                                          "producer_byte_rate": NOT_BINDING,
-                                          "consumer_byte_rate": NOT_BINDING}]}
     path = workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     process = ManagedProcess.spawn(name, [sys.executable, "-m", "proxy", "run", "--config",
@@ -97,18 +95,23 @@ def start_proxy(stack: contextlib.ExitStack, workdir: Path, name: str, broker: T
     return endpoint
 
 
-def throughput(rounds: int, messages: int) -> dict[str, object]:
+def interleaved(rounds: int, messages: int, configs: dict[str, dict[str, object]],
+                workdir: Path | None = None) -> dict[str, object]:
+    """Produce and fetch throughput of proxies that differ only by ``configs`` (two of them:
+    the first is the baseline), alternating their order each round, against one tansu.
+    Ratios are the medians of per-round ratios (second / first)."""
     settings = Settings(rounds=rounds, messages=messages)
-    results: dict[str, list[tuple[float, float]]] = {NO_QUOTAS: [], QUOTAS: []}
+    base, other = list(configs)
+    results: dict[str, list[tuple[float, float]]] = {base: [], other: []}
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
-        workdir = Path(tmp)
-        broker = TansuBroker(log_path=str(workdir / "tansu.log"))
+        work = workdir or Path(tmp)
+        broker = TansuBroker(log_path=str(work / "tansu.log"))
         stack.callback(broker.stop)
         broker.start()
-        endpoints = {NO_QUOTAS: start_proxy(stack, workdir, NO_QUOTAS, broker, False),
-                     QUOTAS: start_proxy(stack, workdir, QUOTAS, broker, True)}
+        endpoints = {name: start_proxy(stack, work, name, broker, extra)
+                     for name, extra in configs.items()}
         for round_no in range(rounds + 1):  # round 0 warms up
-            order = [NO_QUOTAS, QUOTAS] if round_no % 2 == 0 else [QUOTAS, NO_QUOTAS]
+            order = [base, other] if round_no % 2 == 0 else [other, base]
             for position, name in enumerate(order):
                 result = run_throughput_round(endpoints[name], round_no, position, settings)
                 if result.error or result.produce is None or result.fetch is None:
@@ -119,11 +122,18 @@ def throughput(rounds: int, messages: int) -> dict[str, object]:
                 if round_no:
                     results[name].append((result.produce.mb_per_s, result.fetch.mb_per_s))
     ratios = {
-        kind: statistics.median(q[i] / n[i] for q, n in zip(results[QUOTAS], results[NO_QUOTAS],
+        kind: statistics.median(q[i] / n[i] for q, n in zip(results[other], results[base],
                                                             strict=True))
         for i, kind in enumerate(("produce", "fetch"))
     }
     return {"rounds": results, "ratio": ratios}
+
+
+def throughput(rounds: int, messages: int) -> dict[str, object]:
+    quotas = {"quotas": {"entities": [{"client-id": "<default>",
+                                       "producer_byte_rate": NOT_BINDING,
+                                       "consumer_byte_rate": NOT_BINDING}]}}
+    return interleaved(rounds, messages, {NO_QUOTAS: {}, QUOTAS: quotas})
 
 
 def main(argv: list[str] | None = None) -> int:

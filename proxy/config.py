@@ -26,6 +26,7 @@ from pydantic import (
 
 from quota.entities import DEFAULT, DEFAULT_NAME, EntityKey, Name, QuotaType
 from quota.manager import QuotaSettings
+from quota.replay import settings_from_section
 from routing.client_rack import ClientRacks, RackRule
 from routing.selector import LeaderSelector, RackAwareSelector, ReplicaSelector
 
@@ -226,12 +227,9 @@ class QuotasConfig(_Model):
     )
 
     def settings(self) -> QuotaSettings:
-        return QuotaSettings(
-            samples=self.window.samples,
-            window_ms=self.window.size_seconds * 1000,
-            cap_byte_rate_throttle=self.cap_byte_rate_throttle,
-            entities={e.key(): e.quotas() for e in self.entities},
-        )
+        """The same conversion the replay applies to the ``quotas-*.json`` next to a
+        capture, so the two cannot drift apart."""
+        return settings_from_section(self.model_dump(exclude_none=True))
 
 
 class RackClientRule(_Model):

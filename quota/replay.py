@@ -1,0 +1,131 @@
+"""Replay captured requests through the quota engine, exactly as the proxy recorded them.
+
+The proxy keeps one ``QuotaManager`` per upstream broker and, for each request, records (at
+``quota_ms`` on its quota clock, in ``seq`` order):
+
+- Produce: ``request_bytes - 4`` (acks=0 too, when it is read);
+- a consumer Fetch: ``response_bytes - 4``;
+- every request with a response except replica fetches: its request time as a percentage of
+  one thread;
+
+each only while some entity has a quota of that type. ``replay`` does the same for the
+requests of one broker, in order, and yields the throttle each quota type returns. Under the
+config that was live at capture time this reproduces the proxy's throttles; under another it
+answers "what would that config have done".
+
+Also here: ``settings_from_section``, the ``quotas`` config section (as a plain mapping, as
+in YAML or the ``quotas-*.json`` files next to a capture) as ``QuotaSettings``. It trusts the
+shape; the proxy's config loader validates it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from quota.entities import DEFAULT, DEFAULT_NAME, EntityKey, Name, QuotaType
+from quota.manager import ONE_HOUR_MS, QuotaManager, QuotaSettings, percent_of_thread
+
+PRODUCE_KEY, FETCH_KEY = 0, 1
+EXPIRE_EVERY_MS = 60_000  # the proxy's idle-sensor expiry loop
+
+
+def settings_from_section(section: Mapping[str, Any]) -> QuotaSettings:
+    window = section.get("window") or {}
+    entities: dict[EntityKey, dict[QuotaType, float]] = {}
+
+    def name(value: Any) -> Name | None:
+        if value is None:
+            return None
+        return DEFAULT if value == DEFAULT_NAME else str(value)
+
+    for e in section.get("entities") or []:
+        key = EntityKey(name(e.get("user")), name(e.get("client-id", e.get("client_id"))))
+        quotas = {qt: float(e[qt.value]) for qt in QuotaType if e.get(qt.value) is not None}
+        if quotas:
+            entities[key] = quotas
+    return QuotaSettings(
+        samples=int(window.get("samples", 11)),
+        window_ms=int(float(window.get("size_seconds", 1)) * 1000),
+        cap_byte_rate_throttle=bool(section.get("cap_byte_rate_throttle", False)),
+        entities=entities,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """One captured request, as the replay needs it (capture schema v1 columns)."""
+
+    seq: int
+    quota_ms: int
+    user: str
+    client_id: str
+    api_key: int
+    request_bytes: int
+    response_bytes: int  # -1: no response (acks=0)
+    duration_us: int
+    request_time_ms: float  # exact request time when the request quota recorded it, else 0
+    follower: bool
+    quota_generation: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Throttles:
+    seq: int
+    produce_ms: int
+    fetch_ms: int
+    request_ms: int
+
+    @property
+    def applied_ms(self) -> int:
+        """What the client was held back for: the largest of the three."""
+        return max(self.produce_ms, self.fetch_ms, self.request_ms)
+
+
+def replay(requests: Iterable[Recorded],
+           settings: QuotaSettings | Callable[[int], QuotaSettings],
+           idle_expiry_ms: int = ONE_HOUR_MS) -> Iterator[Throttles]:
+    """Throttles of one broker's requests (in ``quota_ms``, ``seq`` order). ``settings`` is
+    one config, or the config of each ``quota_generation``."""
+    by_generation = settings if callable(settings) else None
+    manager: QuotaManager | None = None
+    generation = 0
+    produce_on = fetch_on = request_on = False
+
+    def configure(s: QuotaSettings) -> None:
+        nonlocal produce_on, fetch_on, request_on
+        produce_on = bool(s.for_type(QuotaType.PRODUCE))
+        fetch_on = bool(s.for_type(QuotaType.FETCH))
+        request_on = bool(s.for_type(QuotaType.REQUEST))
+
+    next_expiry = 0
+    for r in requests:
+        if manager is None:
+            generation = r.quota_generation
+            first = by_generation(generation) if by_generation is not None else settings
+            assert isinstance(first, QuotaSettings)
+            manager = QuotaManager(first, idle_expiry_ms)
+            configure(first)
+            next_expiry = r.quota_ms + EXPIRE_EVERY_MS
+        elif by_generation is not None and r.quota_generation != generation:
+            generation = r.quota_generation
+            new = by_generation(generation)
+            manager.update(new)
+            configure(new)
+        record = manager.record
+        now = r.quota_ms
+        if now >= next_expiry:
+            manager.expire(now)
+            next_expiry = now + EXPIRE_EVERY_MS
+        produce = fetch = request = 0
+        user, cid = r.user, r.client_id
+        if r.api_key == PRODUCE_KEY:
+            if produce_on:
+                produce = record(QuotaType.PRODUCE, user, cid, r.request_bytes - 4, now)
+        elif r.api_key == FETCH_KEY and not r.follower and fetch_on:
+            fetch = record(QuotaType.FETCH, user, cid, r.response_bytes - 4, now)
+        if request_on and not r.follower and r.response_bytes >= 0:
+            elapsed = r.request_time_ms if r.request_time_ms > 0 else r.duration_us / 1000.0
+            request = record(QuotaType.REQUEST, user, cid, percent_of_thread(elapsed), now)
+        yield Throttles(r.seq, produce, fetch, request)

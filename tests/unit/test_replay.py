@@ -1,0 +1,71 @@
+"""The replay engine: what the proxy records, replayed per broker, under one config or the
+config of each generation."""
+
+from __future__ import annotations
+
+import yaml
+
+from proxy.config import QuotasConfig
+from quota.entities import DEFAULT, EntityKey, QuotaType
+from quota.manager import QuotaSettings
+from quota.replay import Recorded, replay, settings_from_section
+
+ISSUE_FORM = """
+window: {samples: 11, size_seconds: 1}
+entities:
+  - {user: alice, client-id: clientA, producer_byte_rate: 10485760}
+  - {user: "<default>", consumer_byte_rate: 5242880}
+  - {client-id: "<default>", producer_byte_rate: 1048576, request_percentage: 50}
+"""
+
+
+def test_settings_from_section_matches_the_validated_config() -> None:
+    section = yaml.safe_load(ISSUE_FORM)
+    assert settings_from_section(section) == QuotasConfig.model_validate(section).settings()
+    assert settings_from_section(section).entities[EntityKey(None, DEFAULT)] == {
+        QuotaType.PRODUCE: 1048576.0, QuotaType.REQUEST: 50.0}
+
+
+def req(seq: int, t: int, api_key: int = 0, size: int = 1004, response: int = 54,
+        follower: bool = False, generation: int = 0, client: str = "c") -> Recorded:
+    return Recorded(seq, t, "ANONYMOUS", client, api_key, size, response, 2000, 0.0, follower,
+                    generation)
+
+
+PRODUCE_1000 = QuotaSettings(entities={EntityKey(None, "c"): {QuotaType.PRODUCE: 1000.0}})
+
+
+def test_a_burst_over_quota_is_throttled_and_other_types_are_not_recorded() -> None:
+    out = list(replay([req(i, i * 10) for i in range(12)], PRODUCE_1000))
+    # 1,000 B per request against 1,000 B/s over a padded 10 s window: the 11th goes over
+    assert [t.produce_ms for t in out[:10]] == [0] * 10
+    assert out[10].produce_ms > 0 and out[11].produce_ms > out[10].produce_ms
+    assert all(t.fetch_ms == t.request_ms == 0 for t in out)
+    assert out[11].applied_ms == out[11].produce_ms
+
+
+def test_follower_fetches_and_acks0_are_exempt_as_in_the_proxy() -> None:
+    settings = QuotaSettings(entities={EntityKey(None, "c"): {QuotaType.FETCH: 1.0,
+                                                              QuotaType.REQUEST: 0.001}})
+    out = list(replay([req(1, 0, api_key=1, response=10_000, follower=True),
+                       req(2, 1, api_key=0, response=-1),  # acks=0: no request time
+                       req(3, 2, api_key=1, response=10_000)], settings))
+    assert out[0].fetch_ms == out[0].request_ms == 0
+    assert out[1].request_ms == 0
+    assert out[2].fetch_ms > 0 and out[2].request_ms > 0
+
+
+def test_generations_apply_the_config_live_at_the_time() -> None:
+    generous = QuotaSettings(entities={EntityKey(None, "c"): {QuotaType.PRODUCE: 1e9}})
+    configs = {0: generous, 1: PRODUCE_1000}
+    requests = [req(i, i * 10, generation=0 if i < 6 else 1) for i in range(12)]
+    out = list(replay(requests, configs.__getitem__))
+    assert [t.produce_ms > 0 for t in out] == [False] * 10 + [True] * 2  # the budget carried
+    assert [t.produce_ms for t in replay(requests, generous)] == [0] * 12
+
+
+def test_budgets_are_per_client_as_configured() -> None:
+    requests = [req(i, i * 10, client="c" if i % 2 else "other") for i in range(24)]
+    out = list(replay(requests, PRODUCE_1000))
+    assert all(t.produce_ms == 0 for i, t in enumerate(out) if i % 2 == 0)  # unlimited
+    assert any(t.produce_ms > 0 for i, t in enumerate(out) if i % 2)
