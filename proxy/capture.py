@@ -33,7 +33,8 @@ QUEUE_BATCHES = 64
 
 # (name, type): the order of the tuple ``Capture.record`` takes
 FIELDS: tuple[tuple[str, pa.DataType], ...] = (
-    ("seq", pa.int64()),  # order of the records within one proxy run
+    ("run", pa.string()),  # one proxy process: "<pid>-<start, Unix ms>"
+    ("seq", pa.int64()),  # order of the records within the run
     ("ts_ms", pa.int64()),  # wall clock (Unix ms) when the request was read
     ("quota_ms", pa.int64()),  # the quota engine's clock (monotonic ms) at recording time
     ("connection", pa.int64()),
@@ -64,8 +65,9 @@ class CaptureWriter(threading.Thread):
     """Writes batches of record tuples to rotated Parquet files in ``directory``."""
 
     def __init__(self, directory: Path, rotate_bytes: int, rotate_seconds: float,
-                 batches: queue.Queue[list[tuple[Any, ...]] | None]) -> None:
+                 batches: queue.Queue[list[tuple[Any, ...]] | None], run: str) -> None:
         super().__init__(name="capture-writer", daemon=True)
+        self.run_id = run
         self.directory = directory
         self.rotate_bytes = rotate_bytes
         self.rotate_seconds = rotate_seconds
@@ -82,7 +84,7 @@ class CaptureWriter(threading.Thread):
     def _open(self) -> None:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         self._files += 1
-        self._path = self.directory / f"capture-{stamp}-{os.getpid()}-{self._files:05d}.parquet"
+        self._path = self.directory / f"capture-{stamp}-{self.run_id}-{self._files:05d}.parquet"
         self._sink = pa.OSFile(str(self._path) + ".inprogress", "wb")
         self._writer = pq.ParquetWriter(self._sink, SCHEMA, compression="zstd")
         self._opened = time.monotonic()
@@ -142,10 +144,11 @@ class Capture:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.batch = batch
+        self.run = f"{os.getpid()}-{int(time.time() * 1000)}"
         self._rows: list[tuple[Any, ...]] = []
         self._queue: queue.Queue[list[tuple[Any, ...]] | None] = queue.Queue(queue_batches)
         self.writer = CaptureWriter(self.directory, int(rotate_mb * 1024 * 1024),
-                                    rotate_seconds, self._queue)
+                                    rotate_seconds, self._queue, self.run)
         self.seq = 0
         self.records = 0
         self.dropped = 0

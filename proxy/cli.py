@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 from proxy import __version__
@@ -97,6 +98,46 @@ def _cmd_quotas_simulate(args: argparse.Namespace) -> int:
         return 1
 
 
+def _cmd_replay(args: argparse.Namespace) -> int:
+    """Spark jobs over a capture (``spark_jobs``, imported only here: the proxy itself never
+    needs Spark)."""
+    quotas = _load_quotas(args.config)
+    if quotas is None:
+        return 1
+    try:
+        from spark_jobs.main import run
+    except ImportError as exc:
+        print(f"replay needs the spark extra (pip install 'kafka-quota-proxy[spark]'): {exc}",
+              file=sys.stderr)
+        return 1
+    try:
+        facts = run(args.capture, args.out, quotas.model_dump(exclude_none=True),
+                    master=args.master, tune=args.tune)
+    except (FileNotFoundError, KeyError, ValueError) as exc:
+        print(f"kafka-quota-proxy replay: {exc}", file=sys.stderr)
+        return 1
+    if args.tune:
+        _write_recommended_config(args.config, Path(args.out))
+    for key, value in facts.items():
+        if key != "match_rate":
+            print(f"{key}: {value}")
+    print(f"report: {Path(args.out) / 'report.md'}")
+    return 0
+
+
+def _write_recommended_config(config_path: str, out: Path) -> None:
+    """``out/recommended.yaml``: the given config with the recommended quotas (so that
+    ``check-config`` validates it whole)."""
+    import yaml
+
+    base = yaml.safe_load(Path(config_path).read_text()) or {}
+    recommended = yaml.safe_load((out / "recommended-quotas.yaml").read_text())["quotas"]
+    kept = {k: v for k, v in (base.get("quotas") or {}).items() if k not in ("entities",
+                                                                            "window")}
+    base["quotas"] = {**kept, **recommended}
+    (out / "recommended.yaml").write_text(yaml.safe_dump(base, sort_keys=False))
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from proxy.demo import run_demo
 
@@ -145,6 +186,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, metavar="FILE")
     p.add_argument("--events", required=True, metavar="FILE", help="JSON lines, or - for stdin")
     p.set_defaults(func=_cmd_quotas_simulate)
+
+    p = sub.add_parser("replay", help="Spark jobs over a traffic capture: reproduce the "
+                       "recorded throttles, replay under a config, profile, recommend quotas")
+    p.add_argument("--capture", required=True, metavar="DIR", help="the capture directory")
+    p.add_argument("--config", required=True, metavar="FILE",
+                   help="a proxy config whose quotas are replayed (and the base of --tune)")
+    p.add_argument("--out", required=True, metavar="DIR", help="where the report goes")
+    p.add_argument("--master", default=None, metavar="URL",
+                   help="Spark master (default: local[*], or what spark-submit sets)")
+    p.add_argument("--tune", action="store_true",
+                   help="recommend quotas: out/recommended.yaml, replayed in the report")
+    p.set_defaults(func=_cmd_replay)
     return parser
 
 

@@ -352,7 +352,7 @@ class ProxiedConnection(asyncio.Protocol):
         answered = elapsed_ms >= 0
         wall = time.time() * 1000.0 - (_now() - entry.annotation) * 1000.0
         capture.record((
-            capture.next_seq(), int(wall), quota_ms, self.id, self.scope, self.user,
+            capture.run, capture.next_seq(), int(wall), quota_ms, self.id, self.scope, self.user,
             entry.client_id or "", self._peer_ip or "", entry.api_key, entry.api_version,
             entry.request_size, entry.response_size if answered else -1,
             int(elapsed_ms * 1000) if answered else -1, request_time, entry.follower,

@@ -244,11 +244,13 @@ class Proxy:
             return
         q = self.config.quotas
         doc = {
+            "run": self.capture.run,
             "quota_generation": self.quotas.generation,
             "since_ms": int(time.time() * 1000),
             "quotas": q.model_dump(mode="json", by_alias=True, exclude_none=True),
         }
-        path = self.capture.directory / f"quotas-{os.getpid()}-{self.quotas.generation:05d}.json"
+        path = (self.capture.directory
+                / f"quotas-{self.capture.run}-{self.quotas.generation:05d}.json")
         try:
             path.write_text(json.dumps(doc, indent=1))
         except OSError as exc:

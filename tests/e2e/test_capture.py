@@ -4,13 +4,18 @@ throttles the proxy applied, in complete Parquet files, and the quota config nex
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -23,8 +28,19 @@ pytestmark = pytest.mark.e2e
 QUOTA = 200_000
 
 
-def test_every_request_is_captured_with_its_throttle(tansu: TansuBroker, tmp_path: Path) -> None:
-    capture_dir = tmp_path / "capture"
+@dataclass
+class Captured:
+    directory: Path
+    config: Path
+    rows: list[dict[str, Any]]
+    metrics: dict[str, float]
+    events: list[dict[str, Any]]
+
+
+@pytest.fixture(scope="module")
+def captured(tansu: TansuBroker, tmp_path_factory: pytest.TempPathFactory) -> Captured:
+    """Two clients pushed past their quotas through a proxy with capture on."""
+    capture_dir = tmp_path_factory.mktemp("capture")
     proxy = ProxyProcess(tansu.bootstrap, extra_yaml=f"""quotas:
   entities:
     - {{client-id: "captured-limited", producer_byte_rate: {QUOTA}}}
@@ -62,12 +78,16 @@ capture:
         metrics = proxy.metrics()
     finally:
         proxy.stop()
-    assert proxy.events()[-1]["event"] == "proxy_stopped"
-
-    assert list(capture_dir.glob("*.inprogress")) == []
     files = sorted(capture_dir.glob("capture-*.parquet"))
-    assert len(files) >= 2  # rotated by age while running
     rows = [r for f in files for r in pq.read_table(f).to_pylist()]
+    return Captured(capture_dir, proxy.config_path, rows, metrics, proxy.events())
+
+
+def test_every_request_is_captured_with_its_throttle(captured: Captured) -> None:
+    capture_dir, rows, metrics = captured.directory, captured.rows, captured.metrics
+    assert captured.events[-1]["event"] == "proxy_stopped"
+    assert list(capture_dir.glob("*.inprogress")) == []
+    assert len(list(capture_dir.glob("capture-*.parquet"))) >= 2  # rotated by age
     # Every request forwarded while the metrics were scraped is in the capture (later ones:
     # the consumer's closing requests).
     # A request is captured when its response starts: every request forwarded when the
@@ -114,3 +134,30 @@ capture:
                     or r["throttle_request_ms"])
     print(f"\nreplay: {matched}/{total} requests match ({throttled} throttled)")
     assert matched / total >= 0.999
+
+
+def test_spark_replay_reproduces_profiles_and_tunes(captured: Captured, tmp_path: Path) -> None:
+    """``kafka-quota-proxy replay --tune`` on the capture: the reproduction matches the proxy's
+    throttles, the recommended config passes check-config, the report holds the plots."""
+    out = tmp_path / "report"
+    proc = subprocess.run(
+        [sys.executable, "-m", "proxy", "replay", "--capture", str(captured.directory),
+         "--config", str(captured.config), "--out", str(out), "--master", "local[2]",
+         "--tune"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["requests"] == len(captured.rows)
+    assert summary["match_rate"] >= 0.999, summary
+    print(f"\nspark replay: {summary}")
+    check = subprocess.run([sys.executable, "-m", "proxy", "check-config",
+                            str(out / "recommended.yaml")], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    recommended = yaml.safe_load((out / "recommended-quotas.yaml").read_text())["quotas"]
+    limited = {e.get("client-id"): e for e in recommended["entities"]}
+    assert "<default>" in limited  # a default for everyone
+    report = (out / "report.md").read_text()
+    for png in ("rates.png", "throttles.png", "before_after.png"):
+        assert f"]({png})" in report
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    profile = (out / "profile.csv").read_text()
+    assert "captured-limited" in profile and "captured-reader" in profile

@@ -15,7 +15,7 @@ from proxy.capture import FIELDS, SCHEMA, SCHEMA_VERSION, Capture, CaptureWriter
 
 
 def row(i: int) -> tuple[Any, ...]:
-    return (i, 1_700_000_000_000 + i, 5_000 + i, 7, 1, "ANONYMOUS", f"client-{i % 3}",
+    return ("1-2", i, 1_700_000_000_000 + i, 5_000 + i, 7, 1, "ANONYMOUS", f"client-{i % 3}",
             "127.0.0.1", 0, 9, 1000 + i, 50, 1200, 1.2, False, i % 5, 0, 0, None, 0)
 
 

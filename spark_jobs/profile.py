@@ -1,0 +1,68 @@
+"""Profile: what each entity really does, per second and per minute, per broker (quotas are
+per broker): rates, percentiles, peaks, top talkers and the share of request time."""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.window import Window, WindowSpec
+
+PERCENTILES = [0.5, 0.95, 0.99]
+
+
+def per_interval(captures: DataFrame, seconds: int = 1) -> DataFrame:
+    """Bytes and request time per (user, client-id, broker, interval): produce bytes are
+    request sizes, fetch bytes consumer response sizes (as the quotas count them)."""
+    produce = F.when(F.col("api_key") == 0, F.col("request_bytes") - 4).otherwise(0)
+    fetch = F.when((F.col("api_key") == 1) & ~F.col("follower"),
+                   F.col("response_bytes") - 4).otherwise(0)
+    busy = F.when(F.col("duration_us") > 0, F.col("duration_us")).otherwise(0) / 1000.0
+    return captures.groupBy(
+        "user", "client_id", "broker",
+        (F.col("ts_ms") / (1000 * seconds)).cast("long").alias("interval"),
+    ).agg(
+        F.count("*").alias("requests"),
+        (F.sum(produce) / seconds).alias("produce_rate"),
+        (F.sum(fetch) / seconds).alias("fetch_rate"),
+        (F.sum(busy) / (10.0 * seconds)).alias("request_percentage"),  # % of one thread
+    )
+
+
+def entity_profile(captures: DataFrame) -> DataFrame:
+    """Per (user, client-id): totals, per-second rate percentiles and peaks (over the seconds
+    it was active, on any one broker), per-minute peaks, and its share of request time."""
+    sec = per_interval(captures, 1)
+    minute = per_interval(captures, 60)
+    aggs = [F.sum("requests").alias("requests")]
+    for name in ("produce_rate", "fetch_rate", "request_percentage"):
+        aggs.append(F.percentile_approx(name, PERCENTILES, 1000).alias(f"{name}_pct"))
+        aggs.append(F.max(name).alias(f"{name}_max"))
+    per_second = sec.groupBy("user", "client_id").agg(*aggs)
+    for name in ("produce_rate", "fetch_rate", "request_percentage"):
+        for i, q in enumerate(PERCENTILES):
+            per_second = per_second.withColumn(
+                f"{name}_p{int(q * 100)}", F.col(f"{name}_pct")[i])
+        per_second = per_second.drop(f"{name}_pct")
+    per_minute = minute.groupBy("user", "client_id").agg(
+        F.max("produce_rate").alias("produce_rate_minute_max"),
+        F.max("fetch_rate").alias("fetch_rate_minute_max"))
+    totals = captures.groupBy("user", "client_id").agg(
+        F.sum(F.when(F.col("api_key") == 0, F.col("request_bytes")).otherwise(0)).alias(
+            "produce_bytes"),
+        F.sum(F.when(F.col("api_key") == 1, F.col("response_bytes")).otherwise(0)).alias(
+            "fetch_bytes"),
+        F.sum(F.when(F.col("duration_us") > 0, F.col("duration_us")).otherwise(0)).alias(
+            "busy_us"))
+    all_busy = F.sum("busy_us").over(_everything())
+    return (per_second.join(per_minute, ["user", "client_id"])
+            .join(totals, ["user", "client_id"])
+            .withColumn("request_time_share", F.col("busy_us") / all_busy)
+            .drop("busy_us"))
+
+
+def _everything() -> WindowSpec:
+    return Window.partitionBy()
+
+
+def top_talkers(profile: DataFrame, n: int = 10) -> DataFrame:
+    return profile.orderBy(F.desc(F.col("produce_bytes") + F.col("fetch_bytes"))).limit(n)

@@ -1,0 +1,112 @@
+"""The Spark jobs' transforms on small fixed DataFrames (one local session for all)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.testing import assertDataFrameEqual
+
+from spark_jobs.profile import entity_profile, per_interval
+from spark_jobs.replay import entity_totals, match_rate, replay_capture, with_applied
+from spark_jobs.tune import TuneOptions, recommend
+
+COLUMNS = ["run", "seq", "ts_ms", "quota_ms", "connection", "broker", "user", "client_id",
+           "client_address", "api_key", "api_version", "request_bytes", "response_bytes",
+           "duration_us", "request_time_ms", "follower", "throttle_produce_ms",
+           "throttle_fetch_ms", "throttle_request_ms", "client_rack", "quota_generation"]
+SCHEMA = ("run string, seq long, ts_ms long, quota_ms long, connection long, broker int, "
+          "user string, client_id string, client_address string, api_key short, "
+          "api_version short, request_bytes int, response_bytes int, duration_us long, "
+          "request_time_ms double, follower boolean, throttle_produce_ms int, "
+          "throttle_fetch_ms int, throttle_request_ms int, client_rack string, "
+          "quota_generation int")
+
+
+def capture(spark: SparkSession, rows: list[dict[str, Any]]) -> DataFrame:
+    base = {"run": "r", "connection": 1, "broker": 1, "user": "ANONYMOUS", "client_address": "",
+            "api_version": 9, "response_bytes": 54, "duration_us": 1000,
+            "request_time_ms": 0.0, "follower": False, "throttle_produce_ms": 0,
+            "throttle_fetch_ms": 0, "throttle_request_ms": 0, "client_rack": None,
+            "quota_generation": 0, "api_key": 0, "request_bytes": 50}
+    full = [{**base, **r} for r in rows]
+    for r in full:
+        r.setdefault("quota_ms", r["ts_ms"])
+    return spark.createDataFrame([tuple(r[c] for c in COLUMNS) for r in full], SCHEMA)
+
+
+PRODUCE_1000 = {"entities": [{"client_id": "c", "producer_byte_rate": 1000}]}
+
+
+def burst(spark: SparkSession, recorded: list[int] | None = None) -> DataFrame:
+    """12 produce requests of 1,000 B (plus framing) 10 ms apart, from client c."""
+    recorded = recorded or [0] * 12
+    return capture(spark, [{"seq": i, "ts_ms": 10 * i, "client_id": "c",
+                            "request_bytes": 1004, "throttle_produce_ms": recorded[i]}
+                           for i in range(12)])
+
+
+def test_replay_throttles_the_burst_and_matches_what_was_recorded(spark: SparkSession) -> None:
+    replayed = replay_capture(burst(spark), candidate=PRODUCE_1000)
+    got = replayed.select("seq", "produce_ms").orderBy("seq").toPandas()
+    assert list(got["produce_ms"][:10]) == [0] * 10 and all(got["produce_ms"][10:] > 0)
+    # Recorded under that same config: a full match; recorded without quotas: 10 of 12.
+    truth = list(got["produce_ms"])
+    assert match_rate(replay_capture(burst(spark, truth), candidate=PRODUCE_1000)) == (12, 12)
+    assert match_rate(replayed) == (10, 12)
+
+
+def test_replay_uses_the_live_config_of_each_generation(spark: SparkSession) -> None:
+    frame = burst(spark)
+    live = {("r", 0): {"entities": []}}
+    replayed = replay_capture(frame, live=live)
+    assert match_rate(replayed) == (12, 12)  # nothing was throttled, nothing is
+
+
+def test_entity_totals(spark: SparkSession) -> None:
+    replayed = with_applied(replay_capture(burst(spark), candidate=PRODUCE_1000))
+    throttled = replayed.where("throttle_ms > 0").toPandas()
+    expected = spark.createDataFrame(pd.DataFrame([{
+        "user": "ANONYMOUS", "client_id": "c", "requests": 12, "throttled_requests": 2,
+        "throttle_ms": int(throttled["throttle_ms"].sum()), "bytes_delayed": 2008,
+        "recorded_throttled_requests": 0, "recorded_throttle_ms": 0}]))
+    assertDataFrameEqual(entity_totals(replayed), expected, checkRowOrder=False)
+
+
+def test_per_second_rates(spark: SparkSession) -> None:
+    frame = capture(spark, [
+        {"seq": 1, "ts_ms": 0, "client_id": "p", "request_bytes": 504},
+        {"seq": 2, "ts_ms": 500, "client_id": "p", "request_bytes": 504},
+        {"seq": 3, "ts_ms": 1500, "client_id": "p", "request_bytes": 1004},
+        {"seq": 4, "ts_ms": 200, "client_id": "f", "api_key": 1, "response_bytes": 2004},
+        {"seq": 5, "ts_ms": 300, "client_id": "f", "api_key": 1, "response_bytes": 9004,
+         "follower": True},  # replica fetches do not count
+    ])
+    expected = spark.createDataFrame([
+        ("ANONYMOUS", "f", 1, 0, 2, 0.0, 2000.0, 0.2),
+        ("ANONYMOUS", "p", 1, 0, 2, 1000.0, 0.0, 0.2),
+        ("ANONYMOUS", "p", 1, 1, 1, 1000.0, 0.0, 0.1),
+    ], "user string, client_id string, broker int, interval long, requests long, "
+       "produce_rate double, fetch_rate double, request_percentage double")
+    assertDataFrameEqual(per_interval(frame, 1), expected, checkRowOrder=False)
+    profile = entity_profile(frame).toPandas().set_index("client_id")
+    assert profile.loc["p", "produce_rate_max"] == 1000.0
+    assert profile.loc["p", "produce_bytes"] == 2012
+    assert abs(profile["request_time_share"].sum() - 1.0) < 1e-9
+
+
+def test_tune_defaults_and_overrides_for_outliers() -> None:
+    rows = [{"client_id": f"c{i}", "produce_rate_p99": 1000.0 + i, "fetch_rate_p99": 0.0,
+             "request_percentage_p99": 1.0} for i in range(20)]
+    rows.append({"client_id": "whale", "produce_rate_p99": 1e6, "fetch_rate_p99": 5e5,
+                 "request_percentage_p99": 30.0})
+    section = recommend(pd.DataFrame(rows), TuneOptions(headroom=1.5, default_percentile=0.9))
+    by_client = {e["client-id"]: e for e in section["entities"]}
+    default = by_client["<default>"]["producer_byte_rate"]
+    assert 1500 <= default <= 1600  # 1.5 x the 90th percentile of the small clients
+    assert by_client["whale"]["producer_byte_rate"] == 1_500_000
+    assert set(by_client) == {"<default>", "whale"}
+    capped = recommend(pd.DataFrame(rows), TuneOptions(capacity_bytes={"produce": 500_000}))
+    caps = {e["client-id"]: e.get("producer_byte_rate") for e in capped["entities"]}
+    assert caps["whale"] + 20 * caps["<default>"] <= 500_000
