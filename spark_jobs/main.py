@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 from spark_jobs import report
 from spark_jobs.capture import read_capture, read_live_configs
 from spark_jobs.profile import entity_profile, per_interval
-from spark_jobs.replay import entity_totals, match_rate, replay_capture, with_applied
+from spark_jobs.replay import entity_totals, match_rate, replay_summary, throttle_histogram
 from spark_jobs.session import spark_session
 from spark_jobs.tune import TuneOptions, recommend
 
@@ -29,18 +29,34 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
     started = time.monotonic()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if candidate is None and not tune and not read_live_configs(capture_dir):
+        raise ValueError("nothing to replay: no candidate config and no live configs")
+    phases: dict[str, float] = {}
+    mark = time.monotonic()
+
+    def phase(name: str) -> None:
+        nonlocal mark
+        now = time.monotonic()
+        phases[name] = round(now - mark, 1)
+        mark = now
+
     spark = spark_session(master)
-    captures = read_capture(spark, capture_dir).cache()
+    phase("spark start")
+    captures = read_capture(spark, capture_dir)
     live = read_live_configs(capture_dir)
     facts: dict[str, Any] = {"requests": captures.count()}
+    phase("read")
 
     if live:
-        matched, total = match_rate(replay_capture(captures, live=live))
+        reproduction = replay_summary(captures, live=live).cache()
+        matched, total = match_rate(reproduction)
         facts["reproduction match"] = f"{matched}/{total} ({matched / max(total, 1):.4%})"
         facts["match_rate"] = matched / max(total, 1)
+        phase("reproduction replay")
 
     profile = _pandas(entity_profile(captures))
     profile.to_csv(out / "profile.csv", index=False)
+    phase("profile")
 
     chosen = candidate
     label = "candidate config"
@@ -49,14 +65,18 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
         (out / "recommended-quotas.yaml").write_text(
             yaml.safe_dump({"quotas": chosen}, sort_keys=False))
         label = "recommended config"
+        phase("tune")
     if chosen is not None:
-        replayed = with_applied(replay_capture(captures, candidate=chosen)).cache()
-        totals_pd = _pandas(entity_totals(replayed))
+        summary = replay_summary(captures, candidate=chosen).cache()
+        totals_pd = _pandas(entity_totals(summary))
         totals_pd.to_csv(out / "replay.csv", index=False)
-        throttles = _pandas(replayed.where(F.col("throttle_ms") > 0).select("throttle_ms"))
-        facts["throttled requests (replay)"] = len(throttles)
+        histogram = _pandas(throttle_histogram(summary))
+        facts["throttled requests (replay)"] = int(histogram["requests"].sum())
+        phase("replay")
     else:
-        totals_pd = _pandas(entity_totals(replay_capture(captures, live=live)))
+        summary = reproduction
+        totals_pd = _pandas(entity_totals(summary))
+        histogram = _pandas(throttle_histogram(summary))
 
     # Rates of the top talkers over time, with the quota each would get.
     top = profile.assign(total=profile["produce_bytes"] + profile["fetch_bytes"]).nlargest(
@@ -70,15 +90,14 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
              "Throttle distribution": "throttles.png",
              "Before / after": "before_after.png"}
     report.plot_rates(rates_pd, limits, out / "rates.png")
-    report.plot_throttles(
-        throttles["throttle_ms"] if chosen is not None else totals_pd["throttle_ms"],
-        out / "throttles.png")
+    report.plot_throttles(histogram, out / "throttles.png")
     report.plot_before_after(totals_pd, out / "before_after.png", label)
+    phase("report")
     facts["seconds"] = round(time.monotonic() - started, 1)
+    facts["seconds by phase"] = phases
     report.write_report(out, {k: v for k, v in facts.items() if k != "match_rate"}, profile,
                         totals_pd, plots)
     (out / "summary.json").write_text(json.dumps(facts, indent=1, default=str))
-    captures.unpersist()
     return facts
 
 

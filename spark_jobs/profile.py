@@ -30,10 +30,23 @@ def per_interval(captures: DataFrame, seconds: int = 1) -> DataFrame:
 
 def entity_profile(captures: DataFrame) -> DataFrame:
     """Per (user, client-id): totals, per-second rate percentiles and peaks (over the seconds
-    it was active, on any one broker), per-minute peaks, and its share of request time."""
-    sec = per_interval(captures, 1)
-    minute = per_interval(captures, 60)
-    aggs = [F.sum("requests").alias("requests")]
+    it was active, on any one broker), per-minute peaks, and its share of request time.
+    One pass over the capture: minutes and totals are sums of the seconds."""
+    sec = per_interval(captures, 1).cache()
+    minute = sec.groupBy(
+        "user", "client_id", "broker", (F.col("interval") / 60).cast("long").alias("minute")
+    ).agg(
+        (F.sum("produce_rate") / 60).alias("produce_rate"),
+        (F.sum("fetch_rate") / 60).alias("fetch_rate"),
+    ).groupBy("user", "client_id").agg(
+        F.max("produce_rate").alias("produce_rate_minute_max"),
+        F.max("fetch_rate").alias("fetch_rate_minute_max"))
+    aggs = [
+        F.sum("requests").alias("requests"),
+        F.sum("produce_rate").alias("produce_bytes"),  # rate per 1 s interval = bytes
+        F.sum("fetch_rate").alias("fetch_bytes"),
+        F.sum("request_percentage").alias("busy"),
+    ]
     for name in ("produce_rate", "fetch_rate", "request_percentage"):
         aggs.append(F.percentile_approx(name, PERCENTILES, 1000).alias(f"{name}_pct"))
         aggs.append(F.max(name).alias(f"{name}_max"))
@@ -43,21 +56,10 @@ def entity_profile(captures: DataFrame) -> DataFrame:
             per_second = per_second.withColumn(
                 f"{name}_p{int(q * 100)}", F.col(f"{name}_pct")[i])
         per_second = per_second.drop(f"{name}_pct")
-    per_minute = minute.groupBy("user", "client_id").agg(
-        F.max("produce_rate").alias("produce_rate_minute_max"),
-        F.max("fetch_rate").alias("fetch_rate_minute_max"))
-    totals = captures.groupBy("user", "client_id").agg(
-        F.sum(F.when(F.col("api_key") == 0, F.col("request_bytes")).otherwise(0)).alias(
-            "produce_bytes"),
-        F.sum(F.when(F.col("api_key") == 1, F.col("response_bytes")).otherwise(0)).alias(
-            "fetch_bytes"),
-        F.sum(F.when(F.col("duration_us") > 0, F.col("duration_us")).otherwise(0)).alias(
-            "busy_us"))
-    all_busy = F.sum("busy_us").over(_everything())
-    return (per_second.join(per_minute, ["user", "client_id"])
-            .join(totals, ["user", "client_id"])
-            .withColumn("request_time_share", F.col("busy_us") / all_busy)
-            .drop("busy_us"))
+    all_busy = F.sum("busy").over(_everything())
+    return (per_second.join(minute, ["user", "client_id"])
+            .withColumn("request_time_share", F.col("busy") / all_busy)
+            .drop("busy"))
 
 
 def _everything() -> WindowSpec:

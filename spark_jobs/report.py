@@ -31,13 +31,14 @@ def plot_rates(rates: pd.DataFrame, limits: dict[str, float | None], path: Path)
     plt.close(fig)
 
 
-def plot_throttles(throttles: pd.Series, path: Path) -> None:
+def plot_throttles(histogram: pd.DataFrame, path: Path) -> None:
+    """Throttled requests by throttle time (``bucket_ms``, ``requests``)."""
     fig, ax = plt.subplots(figsize=(7, 4))
-    values = throttles[throttles > 0]
-    if values.empty:
+    if histogram.empty:
         ax.text(0.5, 0.5, "no request was throttled", ha="center", va="center")
     else:
-        ax.hist(values, bins=40)
+        width = float(histogram["bucket_ms"].diff().min()) if len(histogram) > 1 else 50.0
+        ax.bar(histogram["bucket_ms"], histogram["requests"], width=width, align="edge")
         ax.set_yscale("log")
     ax.set_xlabel("throttle time (ms)")
     ax.set_ylabel("throttled requests")

@@ -4,8 +4,8 @@ overrides for the top outliers.
 - For each byte-rate quota, an entity's demand is its p99 per-second rate on one broker.
 - The default (``client-id: <default>``) is ``headroom`` x the ``default_percentile`` of the
   entities' demands: most clients never meet it.
-- Entities whose demand is above the default, which would throttle them (at most ``max_overrides``, biggest first) get an
-  override of ``headroom`` x their demand.
+- Entities whose demand is above the default, which would throttle them (at most
+  ``max_overrides``, biggest first), get an override of ``headroom`` x their demand.
 - With a ``capacity`` per broker (bytes/s), defaults and overrides are scaled down together
   when the entities, each at its quota, would exceed it.
 - request_percentage gets a default the same way (from the p99 share of a thread per second).

@@ -9,7 +9,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
 from spark_jobs.profile import entity_profile, per_interval
-from spark_jobs.replay import entity_totals, match_rate, replay_capture, with_applied
+from spark_jobs.replay import (
+    entity_totals,
+    match_rate,
+    replay_capture,
+    replay_summary,
+    throttle_histogram,
+)
 from spark_jobs.tune import TuneOptions, recommend
 
 COLUMNS = ["run", "seq", "ts_ms", "quota_ms", "connection", "broker", "user", "client_id",
@@ -65,13 +71,16 @@ def test_replay_uses_the_live_config_of_each_generation(spark: SparkSession) -> 
 
 
 def test_entity_totals(spark: SparkSession) -> None:
-    replayed = with_applied(replay_capture(burst(spark), candidate=PRODUCE_1000))
+    replayed = replay_capture(burst(spark), candidate=PRODUCE_1000)
     throttled = replayed.where("throttle_ms > 0").toPandas()
+    summary = replay_summary(burst(spark), candidate=PRODUCE_1000, bucket_ms=10_000)
+    assert list(throttle_histogram(summary).toPandas()["requests"]) == [2]
+    assert match_rate(summary) == match_rate(replayed) == (10, 12)
     expected = spark.createDataFrame(pd.DataFrame([{
         "user": "ANONYMOUS", "client_id": "c", "requests": 12, "throttled_requests": 2,
         "throttle_ms": int(throttled["throttle_ms"].sum()), "bytes_delayed": 2008,
         "recorded_throttled_requests": 0, "recorded_throttle_ms": 0}]))
-    assertDataFrameEqual(entity_totals(replayed), expected, checkRowOrder=False)
+    assertDataFrameEqual(entity_totals(summary), expected, checkRowOrder=False)
 
 
 def test_per_second_rates(spark: SparkSession) -> None:
@@ -92,7 +101,7 @@ def test_per_second_rates(spark: SparkSession) -> None:
     assertDataFrameEqual(per_interval(frame, 1), expected, checkRowOrder=False)
     profile = entity_profile(frame).toPandas().set_index("client_id")
     assert profile.loc["p", "produce_rate_max"] == 1000.0
-    assert profile.loc["p", "produce_bytes"] == 2012
+    assert profile.loc["p", "produce_bytes"] == 2000  # as the quota counts: frames less 4 B
     assert abs(profile["request_time_share"].sum() - 1.0) < 1e-9
 
 
