@@ -79,6 +79,7 @@ class CaptureWriter(threading.Thread):
         self._files = 0
         self.files_written = 0
         self.records_written = 0
+        self.failed_records = 0  # lost to write errors (counted with the dropped ones)
         self.error: str | None = None
 
     def _open(self) -> None:
@@ -127,8 +128,10 @@ class CaptureWriter(threading.Thread):
             try:
                 self._write(rows)
             except Exception as exc:  # a full disk must not take the proxy down
+                self.failed_records += len(rows)
+                if self.error is None:
+                    log.error("capture_write_failed", error=repr(exc))
                 self.error = repr(exc)
-                log.error("capture_write_failed", error=self.error)
         try:
             self._close()
         except Exception as exc:
@@ -159,6 +162,11 @@ class Capture:
         self.records += 1
         if len(self._rows) >= self.batch:
             self.flush()
+
+    @property
+    def lost(self) -> int:
+        """Records that will never reach a file: dropped (writer behind) or failed."""
+        return self.dropped + self.writer.failed_records
 
     def next_seq(self) -> int:
         self.seq += 1

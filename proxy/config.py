@@ -349,6 +349,11 @@ class CaptureConfig(_Model):
     rotate_mb: float = Field(default=128, gt=0, description="Start a new file past this size.")
     rotate_seconds: float = Field(default=300, gt=0,
                                   description="Start a new file after this long.")
+    batch_records: int = Field(default=1024, ge=1, le=1_000_000,
+                               description="Records handed to the writer thread at a time.")
+    queue_batches: int = Field(default=64, ge=1, le=100_000,
+                               description="Batches that may wait for the writer; beyond, "
+                               "records are dropped and counted.")
 
 
 class ProxyConfig(_Model):

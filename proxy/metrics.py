@@ -179,7 +179,8 @@ def _capture_families(capture: Capture) -> Iterator[Any]:
     for name, doc, value in (
         ("kafka_proxy_capture_records", "Requests captured", capture.records),
         ("kafka_proxy_capture_dropped_records",
-         "Capture records dropped because the writer fell behind", capture.dropped),
+         "Capture records lost: dropped because the writer fell behind, or not written "
+         "because writing failed (see the log)", capture.lost),
         ("kafka_proxy_capture_written_records", "Capture records written to files",
          capture.writer.records_written),
         ("kafka_proxy_capture_files", "Capture files completed", capture.writer.files_written),

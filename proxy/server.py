@@ -102,7 +102,8 @@ class Proxy:
         if self.config.capture is not None:
             c = self.config.capture
             try:
-                self.capture = Capture(c.dir, c.rotate_mb, c.rotate_seconds)
+                self.capture = Capture(c.dir, c.rotate_mb, c.rotate_seconds,
+                                       queue_batches=c.queue_batches, batch=c.batch_records)
             except OSError as exc:
                 for server in self.servers.values():
                     server.close()

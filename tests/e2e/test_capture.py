@@ -161,3 +161,55 @@ def test_spark_replay_reproduces_profiles_and_tunes(captured: Captured, tmp_path
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     profile = (out / "profile.csv").read_text()
     assert "captured-limited" in profile and "captured-reader" in profile
+
+
+def test_capture_overload_drops_and_counts_and_traffic_is_unaffected(
+        tansu: TansuBroker, tmp_path: Path) -> None:
+    """A writer that cannot keep up (one record per Parquet write, one batch of queue): the
+    proxy drops capture records and counts them; every message still goes through, once."""
+    capture_dir = tmp_path / "capture"
+    proxy = ProxyProcess(tansu.bootstrap, extra_yaml=f"""capture:
+  dir: "{capture_dir}"
+  batch_records: 1
+  queue_batches: 1
+""").start()
+    try:
+        proxy.wait_broker_listener(111)
+        topic = f"overload-{uuid.uuid4().hex[:6]}"
+        admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
+        admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=30)
+        # Small requests as fast as librdkafka sends them: one message per request.
+        producer = Producer({"bootstrap.servers": proxy.bootstrap, "acks": "1",
+                             "linger.ms": 0, "batch.num.messages": 1,
+                             "max.in.flight.requests.per.connection": 20})
+        errors: list[Any] = []
+        count = 20_000
+        for i in range(count):
+            while True:
+                try:
+                    producer.produce(topic, key=b"%06d" % i, value=b"o" * 10,
+                                     on_delivery=lambda e, m: e is not None and errors.append(e))
+                    break
+                except BufferError:
+                    producer.poll(0.01)
+            producer.poll(0)
+        assert producer.flush(60) == 0 and not errors, errors[:3]
+        consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": "overload"})
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        keys: list[bytes] = []
+        deadline = time.monotonic() + 60
+        while len(keys) < count and time.monotonic() < deadline:
+            keys += [m.key() for m in consumer.consume(1000, 1.0) if m.error() is None]
+        consumer.close()
+        metrics = proxy.metrics()
+    finally:
+        proxy.stop()
+    assert sorted(keys) == [b"%06d" % i for i in range(count)]  # all through, once
+    dropped = metrics["kafka_proxy_capture_dropped_records_total"]
+    recorded = metrics["kafka_proxy_capture_records_total"]
+    assert dropped > 0, metrics  # the writer fell behind...
+    assert recorded >= count  # ...but every request was seen
+    written = sum(pq.read_metadata(f).num_rows for f in capture_dir.glob("capture-*.parquet"))
+    assert 0 < written <= recorded - dropped
+    print(f"\noverload: {recorded:.0f} requests, {dropped:.0f} capture records dropped, "
+          f"{written} written")
