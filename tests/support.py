@@ -22,6 +22,18 @@ from proxy.embedded_broker import free_port, free_port_range, wait_for_port
 T = TypeVar("T")
 
 
+def new_topic(bootstrap: str, prefix: str = "t", partitions: int = 1) -> str:
+    """Create a topic with a fresh name through ``bootstrap``; return its name."""
+    import uuid
+
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(name, partitions, 1)])[name].result(timeout=30)
+    return name
+
+
 def wait_for(
     cond: Callable[[], T], timeout: float = 30.0, interval: float = 0.05, what: str = "condition"
 ) -> T:

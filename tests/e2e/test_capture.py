@@ -7,7 +7,6 @@ import json
 import subprocess
 import sys
 import time
-import uuid
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,11 +16,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from proxy.embedded_broker import TansuBroker
 from quota.replay import Recorded, replay, settings_from_section
-from tests.support import ProxyProcess
+from tests.support import ProxyProcess, new_topic
 
 pytestmark = pytest.mark.e2e
 
@@ -52,9 +50,7 @@ capture:
 """).start()
     try:
         proxy.wait_broker_listener(111)
-        topic = f"capture-{uuid.uuid4().hex[:6]}"
-        admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
-        admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=30)
+        topic = new_topic(proxy.bootstrap, "capture")
         producer = Producer({"bootstrap.servers": proxy.bootstrap, "acks": "1",
                              "client.id": "captured-limited", "linger.ms": 5,
                              "batch.size": 16384, "queue.buffering.max.kbytes": 256})
@@ -175,9 +171,7 @@ def test_capture_overload_drops_and_counts_and_traffic_is_unaffected(
 """).start()
     try:
         proxy.wait_broker_listener(111)
-        topic = f"overload-{uuid.uuid4().hex[:6]}"
-        admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
-        admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(timeout=30)
+        topic = new_topic(proxy.bootstrap, "overload")
         # Small requests as fast as librdkafka sends them: one message per request.
         producer = Producer({"bootstrap.servers": proxy.bootstrap, "acks": "1",
                              "linger.ms": 0, "batch.num.messages": 1,

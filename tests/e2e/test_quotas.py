@@ -8,17 +8,15 @@ from __future__ import annotations
 import json
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from proxy.embedded_broker import TansuBroker
-from tests.support import ProxyProcess, wait_for
+from tests.support import ProxyProcess, new_topic, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -118,10 +116,7 @@ def _produce(bootstrap: str, topic: str, client_id: str, seconds: float, run: Pr
 
 
 def _topic(bootstrap: str) -> str:
-    name = f"quota-{uuid.uuid4().hex[:6]}"
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(name, 1, 1)])[name].result(timeout=30)
-    return name
+    return new_topic(bootstrap, "quota")
 
 
 def test_producer_quota_is_enforced_and_reported(quota_proxy: ProxyProcess) -> None:
