@@ -25,6 +25,7 @@ class InFlight:
         "correlation_id",
         "expects_response",
         "follower",
+        "partitions",
         "request_size",
         "reserved",
         "response_size",
@@ -54,6 +55,8 @@ class InFlight:
         self.reserved: Any = None
         # Fetch: ``protocol.fetch.Chooser`` picking partitions' preferred_read_replica
         self.route: Any = None
+        # Produce, when read: [(topic, partition, bytes of record batches)]
+        self.partitions: Any = None
 
     def __repr__(self) -> str:
         return (

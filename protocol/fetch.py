@@ -42,7 +42,7 @@ class FetchRequestSummary:
         return self.replica_id < 0
 
 
-def _read_string(buf: Buffer, pos: int, flexible: bool) -> tuple[str, int]:
+def read_string(buf: Buffer, pos: int, flexible: bool) -> tuple[str, int]:
     if flexible:
         n, pos = read_uvarint(buf, pos)
         n -= 1
@@ -57,12 +57,12 @@ def _read_string(buf: Buffer, pos: int, flexible: bool) -> tuple[str, int]:
     return bytes(buf[pos:end]).decode(), end
 
 
-def _read_topic(buf: Buffer, pos: int, version: int, flexible: bool) -> tuple[TopicKey, int]:
+def read_topic(buf: Buffer, pos: int, version: int, flexible: bool) -> tuple[TopicKey, int]:
     if version >= 13:
         if pos + 16 > len(buf):
             raise IndexError("topic id runs past the end")
         return bytes(buf[pos : pos + 16]), pos + 16
-    return _read_string(buf, pos, flexible)
+    return read_string(buf, pos, flexible)
 
 
 def _skip_tags(buf: Buffer, pos: int) -> int:
@@ -88,7 +88,7 @@ def parse_fetch_request(buf: Buffer, pos: int, version: int) -> FetchRequestSumm
     topics = []
     n_topics, pos = _array_len(buf, pos, flexible)
     for _ in range(max(n_topics, 0)):
-        topic, pos = _read_topic(buf, pos, version, flexible)
+        topic, pos = read_topic(buf, pos, version, flexible)
         n_parts, pos = _array_len(buf, pos, flexible)
         parts = []
         for _ in range(max(n_parts, 0)):
@@ -102,14 +102,14 @@ def parse_fetch_request(buf: Buffer, pos: int, version: int) -> FetchRequestSumm
     forgotten = []
     n_forgotten, pos = _array_len(buf, pos, flexible)
     for _ in range(max(n_forgotten, 0)):
-        topic, pos = _read_topic(buf, pos, version, flexible)
+        topic, pos = read_topic(buf, pos, version, flexible)
         n_parts, pos = _array_len(buf, pos, flexible)
         parts = [INT32.unpack_from(buf, pos + 4 * i)[0] for i in range(max(n_parts, 0))]
         pos += 4 * max(n_parts, 0)
         if flexible:
             pos = _skip_tags(buf, pos)
         forgotten.append((topic, tuple(parts)))
-    rack_id, pos = _read_string(buf, pos, flexible)
+    rack_id, pos = read_string(buf, pos, flexible)
     if flexible:
         fields, pos = read_tagged_fields(buf, pos)
         for tag, start, _end in fields:
@@ -153,7 +153,7 @@ def set_preferred_read_replicas(
     redirects: list[Redirect] = []
     n_topics, pos = _array_len(frame, pos, flexible)
     for _ in range(max(n_topics, 0)):
-        topic, pos = _read_topic(frame, pos, version, flexible)
+        topic, pos = read_topic(frame, pos, version, flexible)
         n_parts, pos = _array_len(frame, pos, flexible)
         for _ in range(max(n_parts, 0)):
             partition = INT32.unpack_from(frame, pos)[0]

@@ -54,6 +54,9 @@ FIELDS: tuple[tuple[str, pa.DataType], ...] = (
     ("throttle_request_ms", pa.int32()),
     ("client_rack", pa.string()),
     ("quota_generation", pa.int32()),  # which quota config was live (see quotas-*.json)
+    # Produce: bytes of record batches per partition (topic: name, or topic id in hex)
+    ("partitions", pa.list_(pa.struct([("topic", pa.string()), ("partition", pa.int32()),
+                                       ("bytes", pa.int64())]))),
 )
 SCHEMA = pa.schema(
     [pa.field(name, kind) for name, kind in FIELDS],

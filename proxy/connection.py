@@ -19,6 +19,8 @@ from protocol.correlation import CorrelationTable, InFlight
 from protocol.errors import ProtocolError
 from protocol.fetch import parse_fetch_request
 from protocol.headers import parse_request_header
+from protocol.produce import FIRST_VERSION as PRODUCE_WALKED_FROM
+from protocol.produce import produce_partitions
 from protocol.rewrite import throttle_field
 from protocol.stream import RequestStream, ResponseStream
 from proxy.flow import ReadGate
@@ -69,10 +71,19 @@ class ProxiedConnection(asyncio.Protocol):
         cfg = proxy.config.network
         routing = proxy.routing
         self._routed = routing.enabled and scope >= 0  # a broker's port: fetch routing applies
+        capture_produce = proxy.config.capture is not None
+        routed = self._routed
+
+        def wanted(e: InFlight) -> bool:
+            """Requests read whole on their way upstream: consumer fetches to route, and
+            produce requests to capture per partition."""
+            if e.api_key == _PRODUCE:
+                return capture_produce and e.api_version >= PRODUCE_WALKED_FROM
+            return routed and routing.wants(e.api_key, e.api_version, e.follower)
+
         self.requests = RequestStream(
             self.table, cfg.max_frame_bytes,
-            (lambda e: routing.wants(e.api_key, e.api_version, e.follower))
-            if self._routed else None)
+            wanted if (routed or capture_produce) else None)
         self._session = FetchSession()
         self._rack_key: tuple[str, str] | None = None
         self._client_rack: str | None = None
@@ -197,7 +208,7 @@ class ProxiedConnection(asyncio.Protocol):
 
     def _handle_requests(self, forward: Any, events: list[InFlight]) -> None:
         if self.requests.captured:
-            self._route_fetches()
+            self._read_captured()
         if events:
             stats = self.proxy.stats
             now = _now()
@@ -227,36 +238,48 @@ class ProxiedConnection(asyncio.Protocol):
         return None
 
     # ------------------------------------------------------------------ fetch routing
-    def _route_fetches(self) -> None:
-        """Read the consumer Fetch requests captured on their way upstream; where the replica
-        selector sends partitions of the fetch session elsewhere, have the response rewritten
-        (see ``proxy.routing``)."""
+    def _read_captured(self) -> None:
+        """Read the requests captured whole on their way upstream: produce requests for the
+        capture's per-partition bytes, consumer fetches for routing."""
         captured, self.requests.captured = self.requests.captured, []
-        routing = self.proxy.routing
         for entry, frame in captured:
-            try:
-                header = parse_request_header(frame, 0, len(frame))
-                summary = parse_fetch_request(frame, header.size, entry.api_version)
-            except (IndexError, ValueError, struct.error):
-                routing.unparsed_requests += 1
-                continue
-            if not summary.from_consumer:  # Fetch v15+ carries the replica id in a tag
-                entry.follower = True
-                continue
-            cid = entry.client_id or ""
-            rack_key = (summary.rack_id, cid)
-            if rack_key != self._rack_key:
-                self._rack_key = rack_key
-                self._client_rack = routing.client_rack(summary, cid, self._peer_ip)
-            session = self._session
-            session.update(summary.session_epoch, summary.topics, summary.forgotten)
-            key = (routing.generation, self._client_rack, session.version, cid, self.user)
-            if key != self._route_key:
-                self._route_key = key
-                client = ClientMetadata(self._client_rack, cid, self.peer, self.user)
-                self._decisions = routing.decide(self.scope, client, session)
-            if self._decisions:
-                entry.route = routing.chooser(cid, self._decisions)
+            if entry.api_key == _PRODUCE:
+                try:
+                    header = parse_request_header(frame, 0, len(frame))
+                    entry.partitions = produce_partitions(frame, header.size,
+                                                          entry.api_version)
+                except (IndexError, ValueError, struct.error):
+                    pass  # captured without partitions
+            else:
+                self._route_fetch(entry, frame)
+
+    def _route_fetch(self, entry: InFlight, frame: bytes) -> None:
+        """Where the replica selector sends partitions of this consumer's fetch session
+        elsewhere, have the response rewritten (see ``proxy.routing``)."""
+        routing = self.proxy.routing
+        try:
+            header = parse_request_header(frame, 0, len(frame))
+            summary = parse_fetch_request(frame, header.size, entry.api_version)
+        except (IndexError, ValueError, struct.error):
+            routing.unparsed_requests += 1
+            return
+        if not summary.from_consumer:  # Fetch v15+ carries the replica id in a tag
+            entry.follower = True
+            return
+        cid = entry.client_id or ""
+        rack_key = (summary.rack_id, cid)
+        if rack_key != self._rack_key:
+            self._rack_key = rack_key
+            self._client_rack = routing.client_rack(summary, cid, self._peer_ip)
+        session = self._session
+        session.update(summary.session_epoch, summary.topics, summary.forgotten)
+        key = (routing.generation, self._client_rack, session.version, cid, self.user)
+        if key != self._route_key:
+            self._route_key = key
+            client = ClientMetadata(self._client_rack, cid, self.peer, self.user)
+            self._decisions = routing.decide(self.scope, client, session)
+        if self._decisions:
+            entry.route = routing.chooser(cid, self._decisions)
 
     # ------------------------------------------------------------------ quotas
     def _reserve(self, entry: InFlight) -> None:
@@ -357,7 +380,7 @@ class ProxiedConnection(asyncio.Protocol):
             entry.request_size, entry.response_size if answered else -1,
             int(elapsed_ms * 1000) if answered else -1, request_time, entry.follower,
             produce_ms, fetch_ms, request_ms, self._client_rack,
-            self.proxy.quotas.generation,
+            self.proxy.quotas.generation, _partition_rows(entry.partitions),
         ))
 
     def mute(self, throttle_ms: int) -> None:
@@ -471,6 +494,12 @@ class ProxiedConnection(asyncio.Protocol):
         if self.upstream is not None and self.upstream.transport is not None:
             self.upstream.transport.close()
         self.proxy.connection_closed(self, reason)
+
+
+def _partition_rows(partitions: Any) -> list[tuple[str, int, int]] | None:
+    if not partitions:
+        return None
+    return [(t if isinstance(t, str) else t.hex(), p, n) for t, p, n in partitions]
 
 
 class UpstreamSide(asyncio.Protocol):

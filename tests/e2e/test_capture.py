@@ -98,6 +98,10 @@ def test_every_request_is_captured_with_its_throttle(captured: Captured) -> None
     fetch = [r for r in rows if r["api_key"] == 1 and r["client_id"] == "captured-reader"]
     assert produce and fetch
     assert sum(r["request_bytes"] for r in produce) > 4 * QUOTA
+    # Per partition: the record batches of each produce request, less than the whole frame.
+    assert all(r["partitions"] and r["partitions"][0]["partition"] == 0
+               and 0 < sum(p["bytes"] for p in r["partitions"]) < r["request_bytes"]
+               for r in produce)
     assert sum(1 for r in produce if r["throttle_produce_ms"] > 0) > 0
     assert metrics['kafka_proxy_quota_throttled_requests_total{quota="produce"}'] == sum(
         1 for r in rows if r["throttle_produce_ms"] > 0)
