@@ -87,10 +87,14 @@ def test_splice_sets_the_replica_and_empties_records_of_chosen_partitions(
     seen: list[tuple[Any, int, int]] = []
     order = iter(range(len(parts)))
 
+    def pick(i: int, current: int) -> int:
+        """A replica id for partition ``i`` that differs from the broker's own choice."""
+        return 1000 + i if current != 1000 + i else 100_000 + i
+
     def choose(topic: Any, partition: int, current: int) -> int | None:
         i = next(order)
         seen.append((topic, partition, current))
-        return 1000 + i if i in chosen else None
+        return pick(i, current) if i in chosen else None
 
     junk = data.draw(st.binary(max_size=5))
     new, redirects = set_preferred_read_replicas(junk + body, len(junk), version, choose)
@@ -103,7 +107,8 @@ def test_splice_sets_the_replica_and_empties_records_of_chosen_partitions(
     assert new is not None and new[: len(junk)] == junk
     out = kio_decode(cls, new[len(junk) :])
     assert [(r.topic, r.partition, r.replica) for r in redirects] == [
-        (parts[i][0], parts[i][1].partition_index, 1000 + i) for i in picked
+        (parts[i][0], parts[i][1].partition_index, pick(i, parts[i][1].preferred_read_replica))
+        for i in picked
     ]
     expected = value
     index = 0
@@ -112,7 +117,8 @@ def test_splice_sets_the_replica_and_empties_records_of_chosen_partitions(
         new_parts = []
         for p in t.partitions:
             if index in chosen:
-                p = dataclasses.replace(p, preferred_read_replica=1000 + index, records=b"")
+                p = dataclasses.replace(
+                    p, preferred_read_replica=pick(index, p.preferred_read_replica), records=b"")
             new_parts.append(p)
             index += 1
         topics.append(dataclasses.replace(t, partitions=tuple(new_parts)))
