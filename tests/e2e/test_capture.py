@@ -51,9 +51,10 @@ capture:
     try:
         proxy.wait_broker_listener(111)
         topic = new_topic(proxy.bootstrap, "capture")
+        # One message per request: many requests, so the replay's match rate means something.
         producer = Producer({"bootstrap.servers": proxy.bootstrap, "acks": "1",
-                             "client.id": "captured-limited", "linger.ms": 5,
-                             "batch.size": 16384, "queue.buffering.max.kbytes": 256})
+                             "client.id": "captured-limited", "linger.ms": 0,
+                             "batch.num.messages": 1, "queue.buffering.max.kbytes": 256})
         deadline = time.monotonic() + 4  # well past a 200 KB/s quota
         sent = 0
         while time.monotonic() < deadline:
@@ -65,7 +66,8 @@ capture:
             producer.poll(0)
         assert producer.flush(60) == 0
         consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": "cap",
-                             "client.id": "captured-reader"})
+                             "client.id": "captured-reader",
+                             "max.partition.fetch.bytes": 65536})
         consumer.assign([TopicPartition(topic, 0, 0)])
         got = 0
         while got < sent:
