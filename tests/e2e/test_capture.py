@@ -19,7 +19,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from proxy.embedded_broker import TansuBroker
 from quota.replay import Recorded, replay, settings_from_section
-from tests.support import ProxyProcess, new_topic
+from tests.support import ProxyProcess, new_topic, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -44,6 +44,7 @@ def captured(tansu: TansuBroker, tmp_path_factory: pytest.TempPathFactory) -> Ca
     - {{client-id: "captured-limited", producer_byte_rate: {QUOTA}}}
     - {{client-id: "captured-reader", consumer_byte_rate: {QUOTA}}}
     - {{user: "<default>", request_percentage: 20}}
+  watch_seconds: 0.2
 capture:
   dir: "{capture_dir}"
   rotate_seconds: 2
@@ -55,15 +56,28 @@ capture:
         producer = Producer({"bootstrap.servers": proxy.bootstrap, "acks": "1",
                              "client.id": "captured-limited", "linger.ms": 0,
                              "batch.num.messages": 1, "queue.buffering.max.kbytes": 256})
-        deadline = time.monotonic() + 4  # well past a 200 KB/s quota
         sent = 0
-        while time.monotonic() < deadline:
-            try:
-                producer.produce(topic, value=b"c" * 1000)
-                sent += 1
-            except BufferError:
-                producer.poll(0.05)
-            producer.poll(0)
+
+        def produce_for(seconds: float) -> None:  # well past a 200 KB/s quota
+            nonlocal sent
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                try:
+                    producer.produce(topic, value=b"c" * 1000)
+                    sent += 1
+                except BufferError:
+                    producer.poll(0.05)
+                producer.poll(0)
+
+        produce_for(2)
+        # Halve the producer's quota while it runs: the capture spans two quota generations.
+        text = proxy.config_path.read_text()
+        proxy.config_path.write_text(text.replace(f"producer_byte_rate: {QUOTA}",
+                                                  f"producer_byte_rate: {QUOTA // 2}"))
+        wait_for(lambda: proxy.metrics().get(
+            'kafka_proxy_config_reloads_total{result="success"}', 0) >= 1, 20,
+            what="the quota reload")
+        produce_for(2)
         assert producer.flush(60) == 0
         consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": "cap",
                              "client.id": "captured-reader",
@@ -110,9 +124,12 @@ def test_every_request_is_captured_with_its_throttle(captured: Captured) -> None
     assert all(r["broker"] == 111 and r["user"] == "ANONYMOUS" for r in produce + fetch)
     assert all(r["duration_us"] >= 0 and r["response_bytes"] > 0 for r in produce + fetch)
     assert Counter(r["api_key"] for r in rows)[18] >= 2  # ApiVersions from each client
-    config = json.loads(next(capture_dir.glob("quotas-*.json")).read_text())
-    assert config["quota_generation"] == 0
-    assert config["quotas"]["entities"][0]["producer_byte_rate"] == QUOTA
+    configs_written = sorted(json.loads(f.read_text())["quota_generation"]
+                             for f in capture_dir.glob("quotas-*.json"))
+    assert configs_written == [0, 1]
+    config = json.loads(next(capture_dir.glob("quotas-*-00001.json")).read_text())
+    assert config["quotas"]["entities"][0]["producer_byte_rate"] == QUOTA // 2
+    assert {r["quota_generation"] for r in produce} == {0, 1}
     assert any(r["throttle_fetch_ms"] > 0 for r in fetch)  # the reader went past its quota
 
     # Replaying the capture through the quota engine under the config that was live
