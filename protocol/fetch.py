@@ -15,6 +15,7 @@ tests check them against kio for every version.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeAlias
@@ -42,13 +43,18 @@ class FetchRequestSummary:
         return self.replica_id < 0
 
 
-def read_string(buf: Buffer, pos: int, flexible: bool) -> tuple[str, int]:
+def read_length(buf: Buffer, pos: int, flexible: bool, classic: struct.Struct
+                ) -> tuple[int, int]:
+    """The length of a string or bytes field (-1: null): an unsigned varint of length + 1 in
+    flexible versions, else ``classic`` (INT16 for strings, INT32 for bytes)."""
     if flexible:
         n, pos = read_uvarint(buf, pos)
-        n -= 1
-    else:
-        n = INT16.unpack_from(buf, pos)[0]
-        pos += 2
+        return n - 1, pos
+    return classic.unpack_from(buf, pos)[0], pos + classic.size
+
+
+def read_string(buf: Buffer, pos: int, flexible: bool) -> tuple[str, int]:
+    n, pos = read_length(buf, pos, flexible, INT16)
     if n < 0:
         return "", pos
     end = pos + n

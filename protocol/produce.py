@@ -5,8 +5,8 @@ by name before v13, by topic id (16 bytes) from v13. Layout: Kafka's ProduceRequ
 
 from __future__ import annotations
 
-from protocol.fetch import Buffer, TopicKey, read_string, read_topic
-from protocol.primitives import INT32, read_tagged_fields, read_uvarint
+from protocol.fetch import Buffer, TopicKey, read_length, read_string, read_topic
+from protocol.primitives import INT32, read_tagged_fields
 from protocol.skim import _array_len
 
 FIRST_VERSION = 3
@@ -28,12 +28,7 @@ def produce_partitions(buf: Buffer, pos: int, version: int
         for _ in range(max(n_parts, 0)):
             partition = INT32.unpack_from(buf, pos)[0]
             pos += 4
-            if flexible:
-                size, pos = read_uvarint(buf, pos)
-                size -= 1
-            else:
-                size = INT32.unpack_from(buf, pos)[0]
-                pos += 4
+            size, pos = read_length(buf, pos, flexible, INT32)
             size = max(size, 0)
             pos += size
             if flexible:
