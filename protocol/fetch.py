@@ -155,7 +155,7 @@ def set_preferred_read_replicas(
     flexible = version >= 12
     pos += 4 + 2 + 4  # throttle_time_ms, error_code, session_id
     fixed = 4 + 2 + 8 + 8 + 8  # partition, error_code, high_watermark, lso, log_start_offset
-    edits: list[tuple[int, int, int, int]] = []  # (prr offset, records start, records end, id)
+    edits: list[tuple[int, int, int]] = []  # (prr offset, records end, replica)
     redirects: list[Redirect] = []
     n_topics, pos = _array_len(frame, pos, flexible)
     for _ in range(max(n_topics, 0)):
@@ -176,7 +176,7 @@ def set_preferred_read_replicas(
             pos = _skip_bytes(frame, pos, flexible)
             replica = choose(topic, partition, current)
             if replica is not None and replica != current:
-                edits.append((prr_at, records_at, pos, replica))
+                edits.append((prr_at, pos, replica))
                 redirects.append(Redirect(topic, partition, replica, pos - records_at))
             if flexible:
                 pos = _skip_tags(frame, pos)
@@ -191,7 +191,7 @@ def set_preferred_read_replicas(
     out: list[Buffer] = []
     last = 0
     empty = _EMPTY_RECORDS[flexible]
-    for prr_at, _records_at, records_end, replica in edits:
+    for prr_at, records_end, replica in edits:
         out.append(frame[last:prr_at])
         out.append(INT32.pack(replica))
         out.append(empty)

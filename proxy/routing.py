@@ -17,10 +17,11 @@ clients never ping-pong between a leader and a replica that does not serve them.
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
+from protocol.apis import ApiKey
 from protocol.fetch import FIRST_VERSION, FetchRequestSummary, TopicKey
+from proxy.quotas import now_ms
 from routing.client_rack import ClientRacks
 from routing.decide import FetchSession, PartitionKey, Router
 from routing.selector import ClientMetadata, LeaderSelector
@@ -32,10 +33,6 @@ if TYPE_CHECKING:
 UNKNOWN_TOPIC_OR_PARTITION = 3
 BOUNCE_MS = 60_000
 UNREACHABLE_MS = 30_000
-
-
-def now_ms() -> int:
-    return int(time.monotonic() * 1000)
 
 
 class FetchRouting:
@@ -99,7 +96,8 @@ class FetchRouting:
     # ------------------------------------------------------------------ decisions
     def wants(self, api_key: int, api_version: int, follower: bool) -> bool:
         """Whether to read this request (a consumer Fetch that can carry a rack)."""
-        return self.enabled and api_key == 1 and api_version >= FIRST_VERSION and not follower
+        return (self.enabled and api_key == ApiKey.FETCH and api_version >= FIRST_VERSION
+                and not follower)
 
     def client_rack(self, summary: FetchRequestSummary, client_id: str,
                     address: str | None) -> str | None:

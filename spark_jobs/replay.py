@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 from quota.manager import QuotaSettings
 from quota.replay import replay_rows, settings_from_section
 
-INPUT = ["run", "broker", "seq", "quota_ms", "ts_ms", "user", "client_id", "api_key",
+INPUT = ["run", "broker", "seq", "quota_ms", "user", "client_id", "api_key",
          "request_bytes", "response_bytes", "duration_us", "request_time_ms", "follower",
          "quota_generation", "throttle_produce_ms", "throttle_fetch_ms", "throttle_request_ms"]
 # Narrow on purpose: this is what crosses from the Python workers back to the JVM.
