@@ -13,9 +13,10 @@ from protocol.errors import CorrelationError
 
 
 class InFlight:
-    """One request seen on a connection. ``annotation`` and ``reserved`` are free for the I/O
-    layer (for instance the time the request was forwarded, and a quota budget it holds a
-    reservation on); the protocol layer never reads them."""
+    """One request seen on a connection. ``annotation``, ``reserved`` and ``pending`` are free
+    for the I/O layer (for instance the time the request was forwarded, a quota budget it
+    holds a reservation on, and a record waiting for the response to complete); the protocol
+    layer never reads them."""
 
     __slots__ = (
         "annotation",
@@ -26,6 +27,7 @@ class InFlight:
         "expects_response",
         "follower",
         "partitions",
+        "pending",
         "request_size",
         "reserved",
         "response_size",
@@ -53,9 +55,10 @@ class InFlight:
         self.follower = False  # a Fetch from a replica (replica_id >= 0), not a consumer
         self.annotation: Any = None
         self.reserved: Any = None
+        self.pending: Any = None
         # Fetch: ``protocol.fetch.Chooser`` picking partitions' preferred_read_replica
         self.route: Any = None
-        # Produce, when read: [(topic, partition, bytes of record batches)]
+        # Produce when read, Fetch when measured: [(topic, partition, bytes of record batches)]
         self.partitions: Any = None
 
     def __repr__(self) -> str:

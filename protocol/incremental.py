@@ -7,6 +7,9 @@ through while this walker follows its structure chunk by chunk (skipping record 
 length); only the final top-level tagged-fields section is held back, and the rewriter replaces
 it with bytes of exactly the same length, so the size prefix sent first stays right.
 
+The same walk measures Fetch responses of any version for the capture: the bytes of record
+batches per partition, read off the size fields as they pass.
+
 The walk is a generator: it yields ``n > 0`` to receive the next ``n`` bytes, ``-n`` to skip
 ``n`` bytes, and returns when it reaches the top-level tagged fields.
 """
@@ -46,33 +49,82 @@ def _skip_tagged_fields() -> Generator[int, bytes | None, None]:
         yield from _skip(size)
 
 
-def fetch_response_walk(version: int) -> Walk:
-    """Walk a flexible (v12+) Fetch response frame from just after its size prefix (response
-    header v1 included) up to its top-level tagged fields."""
-    if version < 12:
-        raise ValueError("only flexible Fetch versions have top-level tagged fields")
+def _int(n: int) -> Generator[int, bytes | None, int]:
+    data = yield n
+    assert data is not None
+    return int.from_bytes(data, "big", signed=True)
+
+
+def _array_count(flexible: bool) -> Generator[int, bytes | None, int]:
+    """An array's length (-1 for null: no items)."""
+    if flexible:
+        return (yield from _uvarint()) - 1
+    return (yield from _int(4))
+
+
+PartitionBytes = list[tuple[str | bytes, int, int]]
+
+
+def fetch_response_walk(version: int, parts: PartitionBytes | None = None) -> Walk:
+    """Walk a Fetch response frame from just after its size prefix (response header
+    included) up to its top-level tagged fields (v12+), or to its end.
+
+    With ``parts``, each partition's ``(topic name or 16-byte topic id, partition, bytes of
+    record batches)`` is appended to it as the walk passes it (every version)."""
+    flexible = version >= 12
     yield -4  # correlation id
-    yield from _skip_tagged_fields()  # response header
-    yield -10  # throttle_time_ms, error_code, session_id
-    # partition_index, error_code, high_watermark, last_stable_offset, log_start_offset
-    fixed = 30
-    n_topics = (yield from _uvarint()) - 1
+    if flexible:
+        yield from _skip_tagged_fields()  # response header
+    if version >= 1:
+        yield -4  # throttle_time_ms
+    if version >= 7:
+        yield -6  # error_code, session_id
+    # error_code, high_watermark[, last_stable_offset][, log_start_offset]
+    fixed = 10 + (8 if version >= 4 else 0) + (8 if version >= 5 else 0)
+    n_topics = yield from _array_count(flexible)
     for _ in range(max(n_topics, 0)):
+        topic: str | bytes = b""
         if version >= 13:
-            yield -16  # topic_id
-        else:
-            yield from _skip((yield from _uvarint()) - 1)  # topic name
-        n_parts = (yield from _uvarint()) - 1
-        for _ in range(max(n_parts, 0)):
-            yield -fixed
-            n_aborted = (yield from _uvarint()) - 1
-            for _ in range(max(n_aborted, 0)):
+            if parts is None:
                 yield -16
+            else:
+                topic_id = yield 16
+                assert topic_id is not None
+                topic = topic_id
+        else:
+            size = (yield from _uvarint()) - 1 if flexible else (yield from _int(2))
+            if parts is None:
+                yield from _skip(size)
+            elif size > 0:
+                name = yield size
+                assert name is not None
+                topic = name.decode("utf-8", "replace")
+            else:
+                topic = ""
+        n_parts = yield from _array_count(flexible)
+        for _ in range(max(n_parts, 0)):
+            if parts is None:
+                yield -(4 + fixed)
+                index = 0
+            else:
+                index = yield from _int(4)
+                yield -fixed
+            if version >= 4:
+                n_aborted = yield from _array_count(flexible)
+                for _ in range(max(n_aborted, 0)):
+                    yield -16
+                    if flexible:
+                        yield from _skip_tagged_fields()
+            if version >= 11:
+                yield -4  # preferred_read_replica
+            size = (yield from _uvarint()) - 1 if flexible else (yield from _int(4))
+            yield from _skip(size)  # records
+            if parts is not None:
+                parts.append((topic, index, max(size, 0)))
+            if flexible:
                 yield from _skip_tagged_fields()
-            yield -4  # preferred_read_replica
-            yield from _skip((yield from _uvarint()) - 1)  # records
+        if flexible:
             yield from _skip_tagged_fields()
-        yield from _skip_tagged_fields()
 
 
 class Walker:

@@ -25,7 +25,7 @@ from protocol.errors import (
     UnsupportedVersion,
 )
 from protocol.headers import parse_request_header, produce_acks
-from protocol.incremental import Walker, fetch_response_walk
+from protocol.incremental import PartitionBytes, Walker, fetch_response_walk
 from protocol.primitives import INT32
 
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes
@@ -89,6 +89,11 @@ class RequestStream:
     def mid_frame(self) -> bool:
         """A frame has started but not ended (at end of input this means truncation)."""
         return self._remaining > 0 or bool(self._pending)
+
+    @property
+    def capturing(self) -> InFlight | None:
+        """The request whose frame is being captured but has not ended yet, if any."""
+        return self._capturing[0] if self._capturing is not None else None
 
     @property
     def held(self) -> bool:
@@ -226,6 +231,11 @@ class ResponseStream:
     ``incremental.Walker`` follows them, and only their top-level tagged fields (KIP-951
     ``node_endpoints``) are held back and replaced by ``tail_rewriter(entry, tail)``, which
     must return exactly ``len(tail)`` bytes.
+
+    With ``measure_fetch``, every Fetch response is walked as it passes (streamed, or whole
+    when it is rewritten anyway) and its entry's ``partitions`` set to ``[(topic, partition,
+    bytes of record batches)]`` (``None`` where the response does not parse: it then passes
+    unchanged all the same). The bytes still go through cut-through.
     """
 
     __slots__ = (
@@ -233,7 +243,9 @@ class ResponseStream:
         "_collect_entry",
         "_collect_need",
         "_current",
+        "_hold_tail",
         "_max",
+        "_measure",
         "_on_response",
         "_pending",
         "_remaining",
@@ -251,12 +263,15 @@ class ResponseStream:
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         tail_rewriter: TailRewriter | None = None,
         on_response: Callable[[InFlight], bool] | None = None,
+        measure_fetch: bool = False,
     ) -> None:
         self._table = table
         self._rewriter = rewriter
         self._tail_rewriter = tail_rewriter
         self._on_response = on_response
+        self._measure = measure_fetch
         self._walker: Walker | None = None
+        self._hold_tail = False  # the streamed frame's top-level tagged fields are rewritten
         self._tail: list[bytes] = []
         self._max = max_frame_bytes
         self._remaining = 0
@@ -269,6 +284,11 @@ class ResponseStream:
     @property
     def buffered(self) -> int:
         return len(self._pending) + sum(len(c) for c in self._collect)
+
+    @property
+    def in_progress(self) -> InFlight | None:
+        """The request whose response has started but not completed, if any."""
+        return self._current or self._collect_entry
 
     def feed(self, data: bytes) -> tuple[list[Buffer], list[InFlight]]:
         out: list[Buffer] = []
@@ -292,6 +312,8 @@ class ResponseStream:
             frame = b"".join(self._collect)
             self._collect = []
             self._collect_entry = None
+            if self._measure and entry.api_key == _FETCH:
+                _measure_whole(entry, frame)
             new = self._rewriter(entry, frame)
             out.append(INT32.pack(len(frame if new is None else new)))
             out.append(frame if new is None else new)
@@ -337,15 +359,18 @@ class ResponseStream:
             # The hook sees each response as it starts (to record quotas); True sends the frame
             # through the whole-frame rewriter (to set throttle_time_ms).
             patch = self._on_response is not None and self._on_response(entry)
-            if (
-                not patch
-                and entry.api_key == _FETCH
+            hold_tail = (
+                entry.api_key == _FETCH
                 and entry.api_version >= _FETCH_STREAMED_FROM
                 and self._tail_rewriter is not None
-            ):
+            )
+            if not patch and (hold_tail or (self._measure and entry.api_key == _FETCH)):
                 # The size prefix goes now; the body streams while the walker follows it.
                 out.append(mv[run_start : pos + 4])
-                self._walker = Walker(fetch_response_walk(entry.api_version))
+                parts: PartitionBytes | None = [] if self._measure else None
+                entry.partitions = parts
+                self._walker = Walker(fetch_response_walk(entry.api_version, parts))
+                self._hold_tail = hold_tail
                 self._current = entry
                 self._stream(mv, pos + 4, min(end, n), out)
                 if end <= n:
@@ -357,6 +382,8 @@ class ResponseStream:
                 break
             if patch or apis.needs_response_rewrite(entry.api_key, entry.api_version):
                 if end <= n:
+                    if self._measure and entry.api_key == _FETCH:
+                        _measure_whole(entry, mv[pos + 4 : end])
                     new = self._rewriter(entry, mv[pos + 4 : end])
                     done.append(entry)
                     if new is not None:  # else the frame joins the pass-through run
@@ -393,20 +420,34 @@ class ResponseStream:
             try:
                 upto = walker.feed(mv, start, end)
             except ValueError as exc:
-                raise MalformedFrame(f"fetch response does not parse: {exc}") from None
+                if self._hold_tail:
+                    raise MalformedFrame(f"fetch response does not parse: {exc}") from None
+                # Only measuring: the rest passes as it is, unmeasured.
+                assert self._current is not None
+                self._current.partitions = None
+                walker.done = True
+                upto = end
             if upto > start:
                 out.append(mv[start:upto])
             start = upto
         if start < end:
-            self._tail.append(bytes(mv[start:end]))
+            if self._hold_tail:
+                self._tail.append(bytes(mv[start:end]))
+            else:
+                out.append(mv[start:end])
 
     def _finish_stream(self, out: list[Buffer]) -> InFlight:
         entry, walker = self._current, self._walker
-        assert entry is not None and walker is not None and self._tail_rewriter is not None
-        tail = b"".join(self._tail)
-        self._tail = []
+        assert entry is not None and walker is not None
         self._walker = None
         self._current = None
+        if not self._hold_tail:
+            if not walker.done:  # shorter than its structure says: not measured
+                entry.partitions = None
+            return entry
+        assert self._tail_rewriter is not None
+        tail = b"".join(self._tail)
+        self._tail = []
         if not walker.done:
             raise MalformedFrame("fetch response ended before its top-level tagged fields")
         new = self._tail_rewriter(entry, tail)
@@ -414,3 +455,14 @@ class ResponseStream:
             raise MalformedFrame("tagged fields rewritten to a different length")
         out.append(new)
         return entry
+
+
+def _measure_whole(entry: InFlight, frame: Buffer) -> None:
+    """``entry.partitions`` of a whole Fetch response frame (without size prefix)."""
+    parts: PartitionBytes = []
+    walker = Walker(fetch_response_walk(entry.api_version, parts))
+    try:
+        walker.feed(frame, 0, len(frame))
+    except ValueError:
+        walker.done = False
+    entry.partitions = parts if walker.done else None

@@ -95,6 +95,7 @@ class ProxiedConnection(asyncio.Protocol):
             cfg.max_frame_bytes,
             proxy.rewriter.rewrite_tail,
             self._on_response,
+            measure_fetch=proxy.config.capture is not None,
         )
         self.transport: asyncio.Transport | None = None
         self.upstream: UpstreamSide | None = None
@@ -250,6 +251,8 @@ class ProxiedConnection(asyncio.Protocol):
                                                           entry.api_version)
                 except (IndexError, ValueError, struct.error):
                     pass  # captured without partitions
+                if entry.pending is not None:  # acks=0: its record waited for the frame
+                    self._capture_completed(entry)
             else:
                 self._route_fetch(entry, frame)
 
@@ -369,19 +372,34 @@ class ProxiedConnection(asyncio.Protocol):
 
     def _capture(self, entry: InFlight, quota_ms: int, elapsed_ms: float, request_time: float,
                  produce_ms: int, fetch_ms: int, request_ms: int) -> None:
-        """One capture record (``proxy.capture.FIELDS`` order)."""
+        """One capture record (``proxy.capture.FIELDS`` order). A Fetch's waits on
+        ``entry.pending`` for its response to complete (the stream measures its partitions on
+        the way), and an acks=0 Produce's for the rest of its frame (read for its partitions):
+        its sequence number is taken now, in the order the quotas recorded."""
         capture = self.proxy.capture
         assert capture is not None
         answered = elapsed_ms >= 0
         wall = time.time() * 1000.0 - (_now() - entry.annotation) * 1000.0
-        capture.record((
+        row = (
             capture.run, capture.next_seq(), int(wall), quota_ms, self.id, self.scope, self.user,
             entry.client_id or "", self._peer_ip or "", entry.api_key, entry.api_version,
             entry.request_size, entry.response_size if answered else -1,
             int(elapsed_ms * 1000) if answered else -1, request_time, entry.follower,
             produce_ms, fetch_ms, request_ms, self._client_rack,
             self.proxy.quotas.generation, _partition_rows(entry.partitions),
-        ))
+        )
+        if (entry.api_key == _FETCH and answered) or entry is self.requests.capturing:
+            entry.pending = row
+        else:
+            capture.record(row)
+
+    def _capture_completed(self, entry: InFlight) -> None:
+        """The capture record of a Fetch whose response has completed, or of an acks=0
+        Produce whose frame has (or of either, cut short)."""
+        row, entry.pending = entry.pending, None
+        capture = self.proxy.capture
+        assert capture is not None
+        capture.record((*row[:-1], _partition_rows(entry.partitions)))
 
     def mute(self, throttle_ms: int) -> None:
         """KIP-219: read nothing more from this client until the throttle time has passed."""
@@ -443,9 +461,12 @@ class ProxiedConnection(asyncio.Protocol):
                 stats.response_bytes[key] += entry.response_size
                 stats.client(entry.client_id)[1] += entry.response_size
                 stats.observe_latency(key, now - entry.annotation)
-                if self._routed and key == _FETCH and not entry.follower:
-                    self.proxy.routing.count_fetch(self._client_rack, self.scope,
-                                                   entry.response_size)
+                if key == _FETCH:
+                    if self._routed and not entry.follower:
+                        self.proxy.routing.count_fetch(self._client_rack, self.scope,
+                                                       entry.response_size)
+                    if entry.pending is not None:
+                        self._capture_completed(entry)
             if self.client_gate.has("serial") and self._may_read_next():
                 self.client_gate.resume("serial")  # reads held requests unless still muted
             if self.proxy.draining and not self.table:
@@ -486,6 +507,10 @@ class ProxiedConnection(asyncio.Protocol):
             self._connect_task.cancel()
         if self._unmute is not None:
             self._unmute.cancel()
+        for cut_short in (self.responses.in_progress, self.requests.capturing):
+            if cut_short is not None and cut_short.pending is not None:
+                cut_short.partitions = None
+                self._capture_completed(cut_short)
         for entry in self.table.entries():
             if entry.reserved is not None:
                 self._release(entry)

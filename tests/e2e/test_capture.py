@@ -4,6 +4,7 @@ throttles the proxy applied, in complete Parquet files, and the quota config nex
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from proxy.embedded_broker import TansuBroker
 from quota.replay import Recorded, replay, settings_from_section
-from tests.support import ProxyProcess, new_topic, wait_for
+from tests.support import KafkaWire, ProxyProcess, new_topic, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -33,6 +34,8 @@ class Captured:
     rows: list[dict[str, Any]]
     metrics: dict[str, float]
     events: list[dict[str, Any]]
+    topic: str
+    sent: int
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +95,7 @@ capture:
         proxy.stop()
     files = sorted(capture_dir.glob("capture-*.parquet"))
     rows = [r for f in files for r in pq.read_table(f).to_pylist()]
-    return Captured(capture_dir, proxy.config_path, rows, metrics, proxy.events())
+    return Captured(capture_dir, proxy.config_path, rows, metrics, proxy.events(), topic, sent)
 
 
 def test_every_request_is_captured_with_its_throttle(captured: Captured) -> None:
@@ -100,15 +103,14 @@ def test_every_request_is_captured_with_its_throttle(captured: Captured) -> None
     assert captured.events[-1]["event"] == "proxy_stopped"
     assert list(capture_dir.glob("*.inprogress")) == []
     assert len(list(capture_dir.glob("capture-*.parquet"))) >= 2  # rotated by age
-    # Every request forwarded while the metrics were scraped is in the capture (later ones:
-    # the consumer's closing requests).
-    # A request is captured when its response starts: every request forwarded when the
-    # metrics were scraped is in the capture, but those still awaiting their response.
+    # A request is captured when its response starts (a fetch's when it completes): every
+    # request forwarded when the metrics were scraped is in the capture, but those still
+    # awaiting their response.
     forwarded = sum(v for k, v in metrics.items() if k.startswith("kafka_proxy_requests_total"))
-    captured = metrics["kafka_proxy_capture_records_total"]
+    records = metrics["kafka_proxy_capture_records_total"]
     in_flight = sum(v for k, v in metrics.items() if k.startswith("kafka_proxy_connections{"))
-    assert 0 <= forwarded - captured <= 2 * in_flight
-    assert len(rows) >= captured and metrics["kafka_proxy_capture_dropped_records_total"] == 0
+    assert 0 <= forwarded - records <= 2 * in_flight
+    assert len(rows) >= records and metrics["kafka_proxy_capture_dropped_records_total"] == 0
     assert len({r["seq"] for r in rows}) == len(rows)
     produce = [r for r in rows if r["api_key"] == 0 and r["client_id"] == "captured-limited"]
     fetch = [r for r in rows if r["api_key"] == 1 and r["client_id"] == "captured-reader"]
@@ -118,6 +120,14 @@ def test_every_request_is_captured_with_its_throttle(captured: Captured) -> None
     assert all(r["partitions"] and r["partitions"][0]["partition"] == 0
                and 0 < sum(p["bytes"] for p in r["partitions"]) < r["request_bytes"]
                for r in produce)
+    # And for each fetch, measured as the response streamed through: every message's bytes.
+    assert all(r["partitions"] and {p["partition"] for p in r["partitions"]} == {0}
+               # the topic's name, or its id (hex) from Fetch v13 on
+               and all(p["topic"] == captured.topic or re.fullmatch("[0-9a-f]{32}", p["topic"])
+                       for p in r["partitions"])
+               and sum(p["bytes"] for p in r["partitions"]) < r["response_bytes"]
+               for r in fetch)
+    assert sum(p["bytes"] for r in fetch for p in r["partitions"]) >= captured.sent * 1000
     assert sum(1 for r in produce if r["throttle_produce_ms"] > 0) > 0
     assert metrics['kafka_proxy_quota_throttled_requests_total{quota="produce"}'] == sum(
         1 for r in rows if r["throttle_produce_ms"] > 0)
@@ -230,3 +240,56 @@ def test_capture_overload_drops_and_counts_and_traffic_is_unaffected(
     assert 0 < written <= recorded - dropped
     print(f"\noverload: {recorded:.0f} requests, {dropped:.0f} capture records dropped, "
           f"{written} written")
+
+
+def test_acks0_produce_split_across_reads_keeps_its_partitions(
+        tansu: TansuBroker, tmp_path: Path) -> None:
+    """An acks=0 produce (no response) is recorded when its header is read; when its frame
+    arrives in two reads, its capture record waits for the rest and still gets its
+    per-partition bytes. The message is stored once."""
+    from datetime import timedelta
+
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+    from kio.index import load_request_schema
+
+    capture_dir = tmp_path / "capture"
+    proxy = ProxyProcess(tansu.bootstrap, extra_yaml=f"""capture:
+  dir: "{capture_dir}"
+""").start()
+    try:
+        port = proxy.wait_broker_listener(111)
+        topic = new_topic(proxy.bootstrap, "acks0")
+        builder = DefaultRecordBatchBuilder(
+            magic=2, compression_type=0, is_transactional=False, producer_id=-1,
+            producer_epoch=-1, base_sequence=-1, batch_size=1 << 20)
+        builder.append(0, timestamp=None, key=b"only", value=b"z" * 5000, headers=[])
+        batch = bytes(builder.build())
+        schema = load_request_schema(0, 9)
+        module = __import__(schema.__module__, fromlist=["TopicProduceData"])
+        data = (module.TopicProduceData(
+            name=topic, partition_data=(module.PartitionProduceData(index=0, records=batch),)),)
+        with KafkaWire("127.0.0.1", port, client_id="acks0-writer") as wire:
+            frame = wire.encode(0, 9, transactional_id=None, acks=0,
+                                timeout=timedelta(seconds=5), topic_data=data)
+
+            def produce_seen() -> bool:
+                return proxy.metrics().get('kafka_proxy_requests_total{api="produce"}', 0) >= 1
+
+            wire.send_raw(frame[:200])  # the header and the start of the records
+            wait_for(produce_seen, 20, what="the proxy to read the produce header")
+            wire.send_raw(frame[200:])
+            consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": "acks0"})
+            consumer.assign([TopicPartition(topic, 0, 0)])
+            got: list[bytes] = []
+            deadline = time.monotonic() + 30
+            while not got and time.monotonic() < deadline:
+                got += [m.value() for m in consumer.consume(10, 1.0) if m.error() is None]
+            consumer.close()
+    finally:
+        proxy.stop()
+    assert got == [b"z" * 5000]
+    rows = [r for f in capture_dir.glob("capture-*.parquet") for r in pq.read_table(f).to_pylist()
+            if r["client_id"] == "acks0-writer" and r["api_key"] == 0]
+    assert len(rows) == 1
+    assert rows[0]["response_bytes"] == -1  # no response
+    assert rows[0]["partitions"] == [{"topic": topic, "partition": 0, "bytes": len(batch)}]
