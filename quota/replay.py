@@ -53,6 +53,24 @@ def settings_from_section(section: Mapping[str, Any]) -> QuotaSettings:
     )
 
 
+def independent_by(configs: Iterable[QuotaSettings]) -> str | None:
+    """A capture column (``"user"`` or ``"client_id"``) whose different values never share a
+    quota budget under any of ``configs``, so that requests can be replayed in separate groups
+    by it, or ``None`` when budgets may span both.
+
+    Budgets (``entities.metric_tags``) are per (user, client-id) pair, per user (a user-only
+    entity: levels 3 and 6) or per client-id (a client-id-only entity: levels 7 and 8; and
+    unlimited budgets, which never throttle)."""
+    by_user = by_client = False
+    for settings in configs:
+        for key in settings.entities:
+            by_user |= key.client_id is None
+            by_client |= key.user is None
+    if by_user and by_client:
+        return None
+    return "user" if by_user else "client_id"
+
+
 @dataclass(frozen=True, slots=True)
 class Recorded:
     """One captured request, as the replay needs it (capture schema v1 columns)."""

@@ -16,7 +16,7 @@ from array import array
 
 
 class SampledRate:
-    __slots__ = ("_current", "_last", "_starts", "_values", "samples", "window_ms")
+    __slots__ = ("_current", "_floor", "_last", "_starts", "_values", "samples", "window_ms")
 
     def __init__(self, samples: int, window_ms: int) -> None:
         if samples < 1 or window_ms < 1:
@@ -29,12 +29,16 @@ class SampledRate:
         self._last = array("q")
         self._values = array("d")
         self._current = 0
+        # At most the oldest last-event time: samples' last events only move forward, so while
+        # ``now - _floor`` is under the purge age no sample can be due and the scan is skipped.
+        self._floor = 0
 
     def _ensure(self, now_ms: int) -> None:
         if not self._starts:
             self._starts.append(now_ms)
             self._last.append(now_ms)
             self._values.append(0.0)
+            self._floor = now_ms
 
     def record(self, value: float, now_ms: int) -> None:
         self._ensure(now_ms)
@@ -54,12 +58,15 @@ class SampledRate:
 
     def _purge(self, now_ms: int) -> None:
         expire = self.samples * self.window_ms
+        if now_ms - self._floor < expire:
+            return
         last = self._last
         for i in range(len(last)):
             if now_ms - last[i] >= expire:
                 self._starts[i] = now_ms
                 last[i] = now_ms
                 self._values[i] = 0.0
+        self._floor = min(last)
 
     def window_size_ms(self, now_ms: int) -> int:
         """Kafka's ``Rate.windowSize``: the W the rate and the throttle time use."""

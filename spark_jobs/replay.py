@@ -1,35 +1,98 @@
 """Replay: every captured request through the quota engine (``quota.replay``), per run and
 broker (the proxy keeps one quota manager per upstream broker), under the config that was live
-(reproduction) or a candidate; then per-entity totals and the match rate."""
+(reproduction) or a candidate; then per-entity totals and the match rate.
+
+Each (run, broker) is split further into buckets of users or client-ids that share no quota
+budget under the configs replayed, so the work spreads over every core evenly."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame, GroupedData
 from pyspark.sql import functions as F
 
 from quota.manager import QuotaSettings
-from quota.replay import replay_rows, settings_from_section
+from quota.replay import independent_by, replay_rows, settings_from_section
 
-INPUT = ["run", "broker", "seq", "quota_ms", "user", "client_id", "api_key",
-         "request_bytes", "response_bytes", "duration_us", "request_time_ms", "follower",
-         "quota_generation", "throttle_produce_ms", "throttle_fetch_ms", "throttle_request_ms"]
+# What crosses to the Python workers: numbers only. Strings cost more to move than the engine
+# costs to run, so run and (user, client-id) travel as 64-bit hashes and come back through a
+# ``Catalog`` of the capture's few distinct names (``_input``).
+
+
+BUCKETS = 16  # replay groups per (run, broker), where budgets allow: work for every core
+
+
+def _input(configs: list[QuotaSettings]) -> list[Column]:
+    """The replay's input columns; ``bucket`` splits each (run, broker) into groups that share
+    no quota budget (``quota.replay.independent_by``), so they replay apart, in parallel."""
+    column = independent_by(configs)
+    bucket = F.pmod(F.xxhash64(column), F.lit(BUCKETS)) if column else F.lit(0)
+    return [bucket.cast("int").alias("bucket"), F.xxhash64("run").alias("run_id"),
+            F.col("broker"), F.col("seq"), F.col("quota_ms"),
+            F.xxhash64("user", "client_id").alias("entity"), F.col("api_key"),
+            F.col("request_bytes"), F.col("response_bytes"), F.col("duration_us"),
+            F.col("request_time_ms"), F.col("follower"), F.col("quota_generation"),
+            F.col("throttle_produce_ms"), F.col("throttle_fetch_ms"),
+            F.col("throttle_request_ms")]
+
+
 # Narrow on purpose: this is what crosses from the Python workers back to the JVM.
-SCHEMA = ("run string, broker int, seq long, user string, client_id string, moved long, "
+SCHEMA = ("run_id long, broker int, seq long, entity long, moved long, "
           "produce_ms int, fetch_ms int, request_ms int, throttle_ms int, "
           "recorded_throttle_ms int, matched boolean")
 
 
+@dataclass(frozen=True)
+class Names:
+    """The capture's runs and (user, client-id) pairs by the hashes the replay moves them as
+    (``_input``). Small: it travels to the Python workers with the replay function."""
+
+    runs: dict[int, str]
+    entities: dict[int, tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """``Names``, and the same as small DataFrames to join the names back."""
+
+    names: Names
+    run_frame: DataFrame  # run_id, run
+    entity_frame: DataFrame  # entity, user, client_id
+
+
+def catalog_of(captures: DataFrame) -> Catalog:
+    """One pass over the capture's name columns (a few distinct values among many rows)."""
+    rows = (captures.select("run", "user", "client_id").distinct()
+            .select(F.xxhash64("run").alias("run_id"), "run",
+                    F.xxhash64("user", "client_id").alias("entity"), "user", "client_id")
+            .collect())
+    runs: dict[int, str] = {}
+    entities: dict[int, tuple[str, str]] = {}
+    for r in rows:
+        if runs.setdefault(r["run_id"], r["run"]) != r["run"]:
+            raise ValueError(f"runs {runs[r['run_id']]!r} and {r['run']!r} share a hash")
+        names = (r["user"], r["client_id"])
+        if entities.setdefault(r["entity"], names) != names:
+            raise ValueError(f"entities {entities[r['entity']]} and {names} share a hash")
+    spark = captures.sparkSession
+    run_frame = spark.createDataFrame(list(runs.items()), "run_id long, run string")
+    entity_frame = spark.createDataFrame([(k, u, c) for k, (u, c) in entities.items()],
+                                         "entity long, user string, client_id string")
+    return Catalog(Names(runs, entities), run_frame, entity_frame)
+
+
 def _run_engine(pdf: pd.DataFrame, candidate: QuotaSettings | None,
-                live: Mapping[tuple[str, int], QuotaSettings]) -> tuple[pd.DataFrame, ...]:
+                live: Mapping[tuple[str, int], QuotaSettings],
+                catalog: Names) -> tuple[pd.DataFrame, ...]:
     """Sort one (run, broker) group as the proxy recorded it and replay it: the sorted
     group, and the produce, fetch and request throttles."""
     pdf = pdf.sort_values(["quota_ms", "seq"], kind="stable")
-    run = str(pdf["run"].iloc[0])
+    run = catalog.runs[int(pdf["run_id"].iloc[0])]
 
     def settings_of(generation: int) -> QuotaSettings:
         found = live.get((run, generation))
@@ -37,25 +100,31 @@ def _run_engine(pdf: pd.DataFrame, candidate: QuotaSettings | None,
             raise KeyError(f"no quotas-{run}-{generation:05d}.json in the capture")
         return found
 
+    codes, uniques = pd.factorize(pdf["entity"])
+    names = [catalog.entities[int(e)] for e in uniques]
+    users = [names[c][0] for c in codes]
+    client_ids = [names[c][1] for c in codes]
     columns = [pdf[c].tolist() for c in (
-        "quota_ms", "user", "client_id", "api_key", "request_bytes", "response_bytes",
-        "duration_us", "request_time_ms", "follower", "quota_generation")]
+        "api_key", "request_bytes", "response_bytes", "duration_us", "request_time_ms",
+        "follower", "quota_generation")]
     produce, fetch, request = replay_rows(
-        zip(*columns, strict=True), candidate if candidate is not None else settings_of)
+        zip(pdf["quota_ms"].tolist(), users, client_ids, *columns, strict=True),
+        candidate if candidate is not None else settings_of)
     return (pdf, np.asarray(produce, dtype=np.int32), np.asarray(fetch, dtype=np.int32),
             np.asarray(request, dtype=np.int32))
 
 
 def _per_request(pdf: pd.DataFrame, candidate: QuotaSettings | None,
-                 live: Mapping[tuple[str, int], QuotaSettings]) -> pd.DataFrame:
-    pdf, p, f, q = _run_engine(pdf, candidate, live)
+                 live: Mapping[tuple[str, int], QuotaSettings],
+                 catalog: Names) -> pd.DataFrame:
+    pdf, p, f, q = _run_engine(pdf, candidate, live, catalog)
     rp = pdf["throttle_produce_ms"].to_numpy()
     rf = pdf["throttle_fetch_ms"].to_numpy()
     rq = pdf["throttle_request_ms"].to_numpy()
     is_fetch = pdf["api_key"].to_numpy() == 1
     return pd.DataFrame({
-        "run": pdf["run"], "broker": pdf["broker"], "seq": pdf["seq"], "user": pdf["user"],
-        "client_id": pdf["client_id"],
+        "run_id": pdf["run_id"], "broker": pdf["broker"], "seq": pdf["seq"],
+        "entity": pdf["entity"],
         # the bytes the quota counts: a fetch's response, anything else's request
         "moved": np.where(is_fetch, pdf["response_bytes"].to_numpy(),
                           pdf["request_bytes"].to_numpy()).astype(np.int64),
@@ -66,20 +135,21 @@ def _per_request(pdf: pd.DataFrame, candidate: QuotaSettings | None,
     })
 
 
-SUMMARY = ("user string, client_id string, bucket_ms int, requests long, throttle_ms long, "
+SUMMARY = ("entity long, bucket_ms int, requests long, throttle_ms long, "
            "moved long, recorded_throttled_requests long, recorded_throttle_ms long, "
            "matched long")
 
 
 def _summary(pdf: pd.DataFrame, candidate: QuotaSettings | None,
-             live: Mapping[tuple[str, int], QuotaSettings], bucket_ms: int) -> pd.DataFrame:
+             live: Mapping[tuple[str, int], QuotaSettings], catalog: Names,
+             bucket_ms: int) -> pd.DataFrame:
     """The per-request replay of one group, summed per (user, client-id, throttle bucket):
     what crosses back to the JVM is small, whatever the capture's size."""
-    r = _per_request(pdf, candidate, live)
+    r = _per_request(pdf, candidate, live, catalog)
     throttle = r["throttle_ms"].to_numpy()
     r["bucket_ms"] = np.where(throttle > 0, (throttle // bucket_ms) * bucket_ms, -1)
     r["recorded_throttled"] = r["recorded_throttle_ms"] > 0
-    out = r.groupby(["user", "client_id", "bucket_ms"], sort=False).agg(
+    out = r.groupby(["entity", "bucket_ms"], sort=False).agg(
         requests=("seq", "size"), throttle_ms=("throttle_ms", "sum"),
         moved=("moved", "sum"), recorded_throttled_requests=("recorded_throttled", "sum"),
         recorded_throttle_ms=("recorded_throttle_ms", "sum"), matched=("matched", "sum"),
@@ -97,30 +167,50 @@ def _settings(candidate: Mapping[str, Any] | None,
     return cand, live_settings
 
 
+def _grouped(captures: DataFrame, cand: QuotaSettings | None,
+             live: dict[tuple[str, int], QuotaSettings]) -> GroupedData:
+    """The capture in replay groups: per run, broker (the proxy keeps one quota manager per
+    upstream broker) and bucket, the columns the engine needs."""
+    configs = [cand] if cand is not None else list(live.values())
+    return captures.select(*_input(configs)).groupBy("run_id", "broker", "bucket")
+
+
 def replay_capture(captures: DataFrame, candidate: Mapping[str, Any] | None = None,
-                   live: Mapping[tuple[str, int], Mapping[str, Any]] | None = None) -> DataFrame:
+                   live: Mapping[tuple[str, int], Mapping[str, Any]] | None = None,
+                   catalog: Catalog | None = None) -> DataFrame:
     """One row per request with its replayed throttles (``throttle_ms``: the largest, what
     the client is held back for), the recorded one, and whether all three match.
-    ``candidate``: a ``quotas`` section to replay under; None: the live configs."""
+    ``candidate``: a ``quotas`` section to replay under; None: the live configs.
+    ``catalog``: ``catalog_of(captures)``, when the caller has it already."""
     cand, live_settings = _settings(candidate, live)
+    found = catalog or catalog_of(captures)
+    names = found.names
 
     def per_group(pdf: pd.DataFrame) -> pd.DataFrame:
-        return _per_request(pdf, cand, live_settings)
+        return _per_request(pdf, cand, live_settings, names)
 
-    return captures.select(*INPUT).groupBy("run", "broker").applyInPandas(per_group, SCHEMA)
+    replayed = _grouped(captures, cand, live_settings).applyInPandas(per_group, SCHEMA)
+    return (replayed.join(F.broadcast(found.run_frame), "run_id")
+            .join(F.broadcast(found.entity_frame), "entity")
+            .select("run", "broker", "seq", "user", "client_id",
+                    *[c for c in replayed.columns
+                      if c not in ("run_id", "broker", "seq", "entity")]))
 
 
 def replay_summary(captures: DataFrame, candidate: Mapping[str, Any] | None = None,
                    live: Mapping[tuple[str, int], Mapping[str, Any]] | None = None,
-                   bucket_ms: int = 100) -> DataFrame:
+                   bucket_ms: int = 100, catalog: Catalog | None = None) -> DataFrame:
     """The replay summed per (user, client-id, throttle bucket; -1: not throttled), for
     ``entity_totals``, ``throttle_histogram`` and ``match_rate`` at any capture size."""
     cand, live_settings = _settings(candidate, live)
+    found = catalog or catalog_of(captures)
+    names = found.names
 
     def per_group(pdf: pd.DataFrame) -> pd.DataFrame:
-        return _summary(pdf, cand, live_settings, bucket_ms)
+        return _summary(pdf, cand, live_settings, names, bucket_ms)
 
-    return captures.select(*INPUT).groupBy("run", "broker").applyInPandas(per_group, SUMMARY)
+    summary = _grouped(captures, cand, live_settings).applyInPandas(per_group, SUMMARY)
+    return summary.join(F.broadcast(found.entity_frame), "entity").drop("entity")
 
 
 def match_rate(replayed: DataFrame) -> tuple[int, int]:

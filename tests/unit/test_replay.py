@@ -4,11 +4,13 @@ config of each generation."""
 from __future__ import annotations
 
 import yaml
+from hypothesis import assume, event, given, settings
+from hypothesis import strategies as st
 
 from proxy.config import QuotasConfig
 from quota.entities import DEFAULT, EntityKey, QuotaType
 from quota.manager import QuotaSettings
-from quota.replay import Recorded, replay, settings_from_section
+from quota.replay import Recorded, independent_by, replay, settings_from_section
 
 ISSUE_FORM = """
 window: {samples: 11, size_seconds: 1}
@@ -69,3 +71,48 @@ def test_budgets_are_per_client_as_configured() -> None:
     out = list(replay(requests, PRODUCE_1000))
     assert all(t.produce_ms == 0 for i, t in enumerate(out) if i % 2 == 0)  # unlimited
     assert any(t.produce_ms > 0 for i, t in enumerate(out) if i % 2)
+
+
+def test_independent_by_follows_the_budgets_configured() -> None:
+    def settings(*keys: EntityKey) -> QuotaSettings:
+        return QuotaSettings(entities={k: {QuotaType.PRODUCE: 1000.0} for k in keys})
+
+    client_only = settings(EntityKey(None, DEFAULT), EntityKey("u", "c"))
+    user_only = settings(EntityKey(DEFAULT, None))
+    assert independent_by([client_only]) == "client_id"
+    assert independent_by([user_only]) == "user"
+    assert independent_by([settings(EntityKey(DEFAULT, DEFAULT))]) == "client_id"
+    assert independent_by([settings(EntityKey("u", None), EntityKey(None, "c"))]) is None
+    # across generations: budgets per user in one, per client-id in the other
+    assert independent_by([client_only, user_only]) is None
+
+
+NAMES = st.sampled_from(["a", "b", "c"])
+PARTS = st.one_of(st.none(), st.just(DEFAULT), NAMES)
+KEYS = st.tuples(PARTS, PARTS).filter(lambda p: p != (None, None)).map(lambda p: EntityKey(*p))
+
+
+@settings(max_examples=150, deadline=None)
+@given(keys=st.lists(KEYS, min_size=1, max_size=4),
+       traffic=st.lists(st.tuples(NAMES, NAMES, st.integers(1, 40),
+                                  st.integers(500, 5000)), min_size=40, max_size=120))
+def test_replaying_apart_by_the_independent_column_changes_no_throttle(
+        keys: list[EntityKey], traffic: list[tuple[str, str, int, int]]) -> None:
+    """What lets the Spark replay split a broker's requests: replaying each user's (or each
+    client-id's) requests on their own gives every request the throttle it gets in the
+    broker's whole replay."""
+    config = QuotaSettings(entities={k: {QuotaType.PRODUCE: 1000.0, QuotaType.REQUEST: 5.0}
+                                     for k in keys})
+    column = independent_by([config])
+    assume(column is not None)
+    requests, t = [], 0
+    for seq, (user, client, gap, size) in enumerate(traffic):
+        t += gap
+        requests.append(Recorded(seq, t, user, client, 0, size, 54, 3000, 0.0, False, 0))
+    whole = {x.seq: x for x in replay(requests, config)}
+    apart = {}
+    for value in {getattr(r, column) for r in requests}:
+        apart.update({x.seq: x for x in replay(
+            [r for r in requests if getattr(r, column) == value], config)})
+    assert apart == whole
+    event(f"throttled: {any(x.applied_ms for x in whole.values())}")
