@@ -61,7 +61,7 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
         facts["match_rate"] = matched / max(total, 1)
         phase("reproduction replay")
 
-    profile = _pandas(entity_profile(captures))
+    profile = _pandas(entity_profile(captures, catalog.entity_frame))
     profile.to_csv(out / "profile.csv", index=False)
     phase("profile")
 

@@ -8,8 +8,10 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
+from quota.replay import Recorded, replay, settings_from_section
 from spark_jobs.profile import entity_profile, per_interval
 from spark_jobs.replay import (
+    catalog_of,
     entity_totals,
     match_rate,
     replay_capture,
@@ -70,6 +72,27 @@ def test_replay_uses_the_live_config_of_each_generation(spark: SparkSession) -> 
     assert match_rate(replayed) == (12, 12)  # nothing was throttled, nothing is
 
 
+def test_replay_in_buckets_gives_what_the_engine_gives_the_whole_broker(
+        spark: SparkSession) -> None:
+    """Each broker's requests are replayed in buckets of client-ids (here): every request
+    still gets the throttle the pure engine gives it over the broker's requests in order."""
+    rows = [{"seq": i, "ts_ms": 7 * i, "client_id": f"c{i % 5}", "broker": 1 + i % 2,
+             "request_bytes": 600 + 37 * (i % 11)} for i in range(300)]
+    section = {"entities": [{"client-id": "<default>", "producer_byte_rate": 2000}]}
+    got = replay_capture(capture(spark, rows), candidate=section).select(
+        "seq", "client_id", "produce_ms").toPandas()
+    expected = {}
+    for broker in (1, 2):
+        mine = [Recorded(r["seq"], r["ts_ms"], "ANONYMOUS", r["client_id"], 0,
+                         r["request_bytes"], 54, 1000, 0.0, False, 0)
+                for r in rows if r["broker"] == broker]
+        expected.update({t.seq: t.produce_ms
+                         for t in replay(mine, settings_from_section(section))})
+    assert dict(zip(got["seq"], got["produce_ms"], strict=True)) == expected
+    assert sum(1 for v in expected.values() if v > 0) >= 20
+    assert set(got["client_id"]) == {f"c{i}" for i in range(5)}
+
+
 def test_entity_totals(spark: SparkSession) -> None:
     replayed = replay_capture(burst(spark), candidate=PRODUCE_1000)
     throttled = replayed.where("throttle_ms > 0").toPandas()
@@ -103,6 +126,9 @@ def test_per_second_rates(spark: SparkSession) -> None:
     assert profile.loc["p", "produce_rate_max"] == 1000.0
     assert profile.loc["p", "produce_bytes"] == 2000  # as the quota counts: frames less 4 B
     assert abs(profile["request_time_share"].sum() - 1.0) < 1e-9
+    # Keyed on the entities' hashes, with the names joined back: the same profile.
+    assertDataFrameEqual(entity_profile(frame, catalog_of(frame).entity_frame),
+                         entity_profile(frame), checkRowOrder=False)
 
 
 def test_tune_defaults_and_overrides_for_outliers() -> None:
