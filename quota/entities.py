@@ -50,6 +50,10 @@ class QuotaType(Enum):
     FETCH = "consumer_byte_rate"
     REQUEST = "request_percentage"
 
+    # Members are singletons: identity hashing (in C) instead of Enum's hash of the name (in
+    # Python), for the quota budgets' per-request lookups.
+    __hash__ = object.__hash__
+
     @property
     def short(self) -> str:
         return {"producer_byte_rate": "produce", "consumer_byte_rate": "fetch",

@@ -119,16 +119,21 @@ class QuotaManager:
                now_ms: int) -> int:
         """Record ``value`` (bytes, or percent-of-thread for request quotas) and return the
         throttle time in ms."""
-        sensor = self.sensor(quota_type, user, client_id, now_ms)
-        sensor.rate.record(value, now_ms)
+        sensor = self._sensor_of.get((quota_type, user, client_id))
+        if sensor is None:
+            sensor = self.sensor(quota_type, user, client_id, now_ms)
         sensor.last_record_ms = now_ms
-        if sensor.bound is None:
+        bound = sensor.bound
+        if bound is None:
+            sensor.rate.record(value, now_ms)
             return 0
-        rate, window = sensor.rate.measure(now_ms)
+        rate, window = sensor.rate.record_and_measure(value, now_ms)
+        if rate <= bound:
+            return 0
         cap = None
         if quota_type is QuotaType.REQUEST or self.settings.cap_byte_rate_throttle:
             cap = self.settings.window_ms
-        throttle = throttle_time_ms(rate, sensor.bound, window, cap)
+        throttle = throttle_time_ms(rate, bound, window, cap)
         if throttle:
             sensor.throttled_requests += 1
             sensor.throttle_ms_total += throttle

@@ -41,7 +41,8 @@ class SampledRate:
             self._floor = now_ms
 
     def record(self, value: float, now_ms: int) -> None:
-        self._ensure(now_ms)
+        if not self._starts:
+            self._ensure(now_ms)
         i = self._current
         if now_ms - self._starts[i] >= self.window_ms:
             i = self._current = (i + 1) % (self.samples + 1)
@@ -70,13 +71,47 @@ class SampledRate:
 
     def window_size_ms(self, now_ms: int) -> int:
         """Kafka's ``Rate.windowSize``: the W the rate and the throttle time use."""
-        self._ensure(now_ms)
-        self._purge(now_ms)
+        if not self._starts:
+            self._ensure(now_ms)
+        if now_ms - self._floor >= self.samples * self.window_ms:
+            self._purge(now_ms)
         elapsed = now_ms - min(self._starts)
         full = elapsed // self.window_ms
         if full < self.samples - 1:
             elapsed += (self.samples - 1 - full) * self.window_ms
         return max(elapsed, 1)
+
+    def record_and_measure(self, value: float, now_ms: int) -> tuple[float, int]:
+        """``record(value, now_ms)`` then ``measure(now_ms)``, in one call: the quota engine's
+        per-request path, in the proxy and in every replay."""
+        starts = self._starts
+        if not starts:
+            self._ensure(now_ms)
+        window_ms = self.window_ms
+        samples = self.samples
+        i = self._current
+        if now_ms - starts[i] >= window_ms:
+            i = self._current = (i + 1) % (samples + 1)
+            if i >= len(starts):
+                starts.append(now_ms)
+                self._last.append(now_ms)
+                self._values.append(0.0)
+            else:
+                starts[i] = now_ms
+                self._last[i] = now_ms
+                self._values[i] = 0.0
+        values = self._values
+        values[i] += value
+        self._last[i] = now_ms
+        if now_ms - self._floor >= samples * window_ms:
+            self._purge(now_ms)
+        elapsed = now_ms - min(starts)
+        full = elapsed // window_ms
+        if full < samples - 1:
+            elapsed += (samples - 1 - full) * window_ms
+        if elapsed < 1:
+            elapsed = 1
+        return sum(values) * 1000.0 / elapsed, elapsed
 
     def measure(self, now_ms: int) -> tuple[float, int]:
         """``(rate per second, W in ms)`` at ``now_ms``."""

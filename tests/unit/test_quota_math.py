@@ -147,3 +147,19 @@ def test_greedy_client_obeying_throttles_converges_to_quota(samples: int, quota:
         (t0, s0), (t1, s1) = steady, (t, sent)
     admitted = (s1 - s0) / ((t1 - t0) / 1000)
     assert admitted == pytest.approx(quota, rel=0.05)
+
+
+@settings(max_examples=300, deadline=None)
+@given(samples=st.integers(1, 12), window_ms=st.integers(1, 2000),
+       steps=st.lists(st.tuples(st.floats(0, 1e7), st.integers(0, 5000)), max_size=80))
+def test_record_and_measure_is_record_then_measure(samples: int, window_ms: int,
+                                                   steps: list[tuple[float, int]]) -> None:
+    """The engine's one-call path keeps the two-call semantics exactly, state included."""
+    apart, together = SampledRate(samples, window_ms), SampledRate(samples, window_ms)
+    now = 1_000_000
+    for value, gap in steps:
+        now += gap
+        apart.record(value, now)
+        assert together.record_and_measure(value, now) == apart.measure(now)
+        assert (apart._starts, apart._last, apart._values, apart._current) == (
+            together._starts, together._last, together._values, together._current)
