@@ -90,6 +90,23 @@ class RequestStream:
         """A frame has started but not ended (at end of input this means truncation)."""
         return self._remaining > 0 or bool(self._pending)
 
+    def next_api_key(self, data: bytes) -> int | None:
+        """The API key of the frame that ``feed(data)`` would start with, when the stream is
+        between frames and that much of it is there (else None)."""
+        if self._remaining:
+            return None
+        head = self._held or self._pending
+        if len(head) < 6:
+            head = head + data[: 6 - len(head)]
+            if len(head) < 6:
+                return None
+        return int.from_bytes(head[4:6], "big", signed=True)
+
+    def hold(self, data: bytes) -> None:
+        """Keep ``data`` unread (and unforwarded) until the next ``feed``."""
+        self._held += self._pending + data
+        self._pending = b""
+
     @property
     def capturing(self) -> InFlight | None:
         """The request whose frame is being captured but has not ended yet, if any."""

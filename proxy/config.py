@@ -11,7 +11,7 @@ import ipaddress
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, cast
+from typing import Annotated, Any, Literal, TypeVar, cast
 
 import yaml
 from pydantic import (
@@ -27,6 +27,8 @@ from pydantic import (
 from quota.entities import DEFAULT, DEFAULT_NAME, EntityKey, Name, QuotaType
 from quota.manager import QuotaSettings
 from quota.replay import settings_from_section
+from quota.storage import Limit, LimitType, StoragePolicy
+from quota.storage import State as StorageState
 from routing.client_rack import ClientRacks, RackRule
 from routing.selector import LeaderSelector, RackAwareSelector, ReplicaSelector
 
@@ -356,6 +358,70 @@ class CaptureConfig(_Model):
                                "records are dropped and counted.")
 
 
+class LimitConfig(_Model):
+    """A volume limit (seed 004)."""
+
+    type: Literal["ConsumedSpace", "MinFreeBytes", "MinFreePercentage"]
+    level: float = Field(ge=0, description="Bytes, or percent for MinFreePercentage.")
+
+    @model_validator(mode="after")
+    def _percentage(self) -> LimitConfig:
+        if self.type == "MinFreePercentage" and self.level > 100:
+            raise ValueError("a MinFreePercentage level is at most 100")
+        return self
+
+    def limit(self) -> Limit:
+        return Limit(LimitType(self.type), self.level)
+
+
+class VolumeLimitsConfig(_Model):
+    soft: LimitConfig | None = None
+    hard: LimitConfig | None = None
+
+
+class VolumeAgentConfig(_Model):
+    """``kafka-quota-proxy volume-agent``: publishes one broker's volume usage."""
+
+    broker_id: int = Field(ge=0, description="The broker this agent runs beside.")
+    log_dirs: Annotated[list[str], Field(min_length=1)]
+    interval_seconds: float = Field(default=30.0, gt=0)
+    bootstrap_servers: list[HostPort] | None = None  # default: upstream.bootstrap_servers
+    client_id: str = Field(default="volume-agent", min_length=1)
+    # Per volume (its name as published: the mount point), limits overriding soft/hard.
+    volume_limits: dict[str, VolumeLimitsConfig] = {}
+    metrics: HostPort | None = None
+
+    @field_validator("bootstrap_servers", mode="before")
+    @classmethod
+    def _parse_servers(cls, value: Any) -> Any:
+        return None if value is None else UpstreamConfig._parse_servers(value)
+
+    @field_validator("metrics", mode="before")
+    @classmethod
+    def _parse_listen(cls, value: Any) -> HostPort | None:
+        return None if value is None else HostPort.parse(value)
+
+
+class StorageConfig(_Model):
+    """Storage-aware throttling: producers slow down, then pause, before a volume fills."""
+
+    topic: str = Field(default="__kafka_quota_proxy_volumes", min_length=1)
+    stale_after_seconds: float = Field(default=120.0, gt=0)
+    on_missing: Literal["PAUSE", "OPEN"] = "PAUSE"
+    soft: LimitConfig | None = None
+    hard: LimitConfig
+    unquoted_producer_byte_rate: float = Field(default=52428800, gt=0)
+    exempt_users: list[str] = []
+    pause_throttle_ms: int = Field(default=1000, ge=1, le=300_000)
+    evaluate_seconds: float = Field(default=1.0, gt=0, le=60)
+    agent: VolumeAgentConfig | None = None
+
+    def policy(self) -> StoragePolicy:
+        return StoragePolicy(
+            self.soft.limit() if self.soft is not None else None, self.hard.limit(),
+            int(self.stale_after_seconds * 1000), StorageState(self.on_missing))
+
+
 class ProxyConfig(_Model):
     listeners: ListenersConfig
     upstream: UpstreamConfig
@@ -365,6 +431,30 @@ class ProxyConfig(_Model):
     quotas: QuotasConfig = QuotasConfig()
     racks: RacksConfig | None = None
     capture: CaptureConfig | None = None
+    storage: StorageConfig | None = None
+
+
+class AgentFile(_Model):
+    """What ``volume-agent`` reads: the ``storage`` section (with ``agent``) of a config file;
+    the proxy's other sections may be there too."""
+
+    storage: StorageConfig
+    upstream: UpstreamConfig | None = None
+    logging: LoggingConfig = LoggingConfig()
+    listeners: Any = None
+    metrics: Any = None
+    network: Any = None
+    quotas: Any = None
+    racks: Any = None
+    capture: Any = None
+
+    @model_validator(mode="after")
+    def _agent(self) -> AgentFile:
+        if self.storage.agent is None:
+            raise ValueError("storage.agent is required for the volume agent")
+        if self.storage.agent.bootstrap_servers is None and self.upstream is None:
+            raise ValueError("storage.agent.bootstrap_servers or upstream is required")
+        return self
 
 
 _WILDCARDS = {"", "0.0.0.0", "::", "*"}
@@ -475,6 +565,13 @@ def _mark_for(loc: tuple[Any, ...], marks: dict[tuple[Any, ...], yaml.Mark]) -> 
 
 def parse_config(text: str, source: str = "<config>") -> ProxyConfig:
     """Parse and validate configuration text. Raises ``ConfigError`` with positioned messages."""
+    return _parse(text, source, ProxyConfig)
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _parse(text: str, source: str, model: type[_M]) -> _M:
     errors: list[str] = []
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -499,7 +596,7 @@ def parse_config(text: str, source: str = "<config>") -> ProxyConfig:
         errors.append(f"{where}: {dotted}: {msg}")
 
     try:
-        config = ProxyConfig.model_validate(data)
+        config = model.model_validate(data)
     except ValidationError as exc:
         for err in exc.errors():
             loc = tuple(
@@ -512,14 +609,23 @@ def parse_config(text: str, source: str = "<config>") -> ProxyConfig:
                 msg = "required field is missing"
             report(loc, msg)
         raise ConfigError(errors) from None
-    for loc, msg in cross_checks(config):
-        report(loc, msg)
+    if isinstance(config, ProxyConfig):
+        for loc, msg in cross_checks(config):
+            report(loc, msg)
     if errors:
         raise ConfigError(errors)
     return config
 
 
 def load_config(path: str | Path) -> ProxyConfig:
+    return _load(path, ProxyConfig)
+
+
+def load_agent_config(path: str | Path) -> AgentFile:
+    return _load(path, AgentFile)
+
+
+def _load(path: str | Path, model: type[_M]) -> _M:
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -529,7 +635,7 @@ def load_config(path: str | Path) -> ProxyConfig:
         raise ConfigError(
             [f"{p}: cannot read: not UTF-8 text (byte {exc.start}: {exc.reason})"]
         ) from None
-    return parse_config(text, str(p))
+    return _parse(text, str(p), model)
 
 
 def summarize(config: ProxyConfig) -> str:

@@ -62,7 +62,7 @@ class ProxiedConnection(asyncio.Protocol):
         self._muted_until = 0.0
         self._unmute: asyncio.TimerHandle | None = None
         self._client_id: str | None = None  # from the latest request header
-        self._limits_key: tuple[int, str | None] = (-1, None)
+        self._limits_key: tuple[int, int, str | None] = (-1, -1, None)
         self._limits: frozenset[QuotaType] = frozenset()
         self._fetching = 0  # consumer Fetch requests awaiting their response
         self.id = next(_ids)
@@ -153,11 +153,23 @@ class ProxiedConnection(asyncio.Protocol):
         if not quotas.active or self._client_id is None:
             self._limits = _NO_LIMITS
             return _NO_LIMITS
-        key = (quotas.generation, self._client_id)
+        key = (quotas.generation, quotas.storage_epoch, self._client_id)
         if key != self._limits_key:
             self._limits_key = key
             self._limits = quotas.limits(self.user, self._client_id)
         return self._limits
+
+    def _hold_produce(self, data: bytes) -> bool:
+        """While storage is paused, a produce request is neither read nor forwarded: it waits
+        in the proxy, and the client is read no further, until producing may resume (a client
+        that closes meanwhile takes it away: nothing reaches the broker twice)."""
+        storage = self.proxy.storage
+        if (storage is None or not storage.paused or self.user in storage.exempt_users
+                or self.requests.next_api_key(data) != _PRODUCE):
+            return False
+        self.requests.hold(data)
+        storage.park(self)
+        return True
 
     def _headroom(self) -> bool:
         """Whether the next request of a client with a quota may be read while earlier ones
@@ -175,10 +187,8 @@ class ProxiedConnection(asyncio.Protocol):
         if QuotaType.FETCH in limits and self._fetching:
             return False
         if QuotaType.PRODUCE in limits:
-            now = now_ms()
-            sensor = self.proxy.quotas.manager(self.scope).sensor(
-                QuotaType.PRODUCE, self.user, self._client_id or "", now)
-            return sensor.headroom(now)
+            return self.proxy.quotas.manager(self.scope).produce_headroom(
+                self.user, self._client_id or "", now_ms())
         return True
 
     def _may_read_next(self) -> bool:
@@ -186,6 +196,8 @@ class ProxiedConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         while not self.closed:
+            if self._hold_produce(data):
+                return
             limited = bool(self._limited)
             try:
                 forward, events = self.requests.feed(data, stop_after_frame=limited)
@@ -362,6 +374,10 @@ class ProxiedConnection(asyncio.Protocol):
         throttle = byte_throttle
         if request_throttle > throttle:
             throttle, kind = request_throttle, QuotaType.REQUEST
+        storage = self.proxy.storage
+        if (key == _PRODUCE and storage is not None and storage.paused
+                and self.user not in storage.exempt_users and storage.pause_ms > throttle):
+            throttle, kind = storage.pause_ms, QuotaType.PRODUCE  # back off while paused
         if throttle <= 0 or kind is None:
             return routed
         entry.throttle_ms = throttle
@@ -482,6 +498,8 @@ class ProxiedConnection(asyncio.Protocol):
         if self.closed:
             return
         self.closed = True
+        if self.proxy.storage is not None:
+            self.proxy.storage.unpark(self)  # a waiting produce request goes with the client
         if self._routed and self.table and reason in ("upstream_closed", "upstream_error"):
             # A broker does not drop connections with requests in flight unless it is going
             # away: send no consumer to it for a while.

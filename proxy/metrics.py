@@ -7,7 +7,7 @@ import asyncio
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -15,6 +15,9 @@ from prometheus_client.registry import Collector
 
 from protocol.apis import api_name
 from proxy.capture import Capture
+
+if TYPE_CHECKING:
+    from proxy.storage import StorageWatch
 from proxy.routing import FetchRouting
 
 EntityRow = tuple[str, str, str, str, float, float | None, int, int]
@@ -65,6 +68,7 @@ class ProxyStats:
         self.brokers_known: Callable[[], int] = lambda: 0
         self.routing: FetchRouting | None = None  # rack-aware fetch routing, when configured
         self.capture: Capture | None = None  # traffic capture, when configured
+        self.storage: StorageWatch | None = None  # storage-aware throttling, when configured
 
     def observe_latency(self, api_key: int, seconds: float) -> None:
         buckets = self.latency_buckets.get(api_key)
@@ -173,6 +177,57 @@ class _Collector(Collector):
             yield from _routing_families(s.routing)
         if s.capture is not None:
             yield from _capture_families(s.capture)
+        if s.storage is not None:
+            yield from _storage_families(s.storage)
+
+
+def _storage_families(storage: StorageWatch) -> Iterator[Any]:
+    v = storage.verdict
+    for name, doc, value in (
+        ("kafka_proxy_storage_state", "Storage state: 0 OPEN, 1 THROTTLE, 2 PAUSE",
+         v.state.level),
+        ("kafka_proxy_storage_factor", "Factor produce quotas are scaled by (0: paused)",
+         v.factor),
+        ("kafka_proxy_storage_fail_safe",
+         "1 while the state comes from the fail-safe, for lack of fresh data", int(v.fail_safe)),
+        ("kafka_proxy_storage_stale_brokers",
+         "Brokers in the metadata with no fresh volume snapshot", len(v.stale) + len(v.missing)),
+        ("kafka_proxy_storage_held_connections",
+         "Producer connections whose produce request waits while paused", storage.parked),
+        ("kafka_proxy_storage_reader_connected", "1 while the volume topic is being read",
+         int(storage.connected)),
+    ):
+        g = GaugeMetricFamily(name, doc)
+        g.add_metric([], value)
+        yield g
+    for name, doc, value in (
+        ("kafka_proxy_storage_snapshots", "Volume snapshots read", storage.snapshots_read),
+        ("kafka_proxy_storage_bad_snapshots", "Volume messages that do not parse (see the log)",
+         storage.bad_snapshots),
+        ("kafka_proxy_storage_read_errors", "Failures reading the volume topic",
+         storage.read_errors),
+        ("kafka_proxy_storage_transitions", "Storage state changes", storage.transitions),
+    ):
+        c = CounterMetricFamily(name, doc)
+        c.add_metric([], value)
+        yield c
+    usage = GaugeMetricFamily("kafka_proxy_storage_volume_bytes",
+                              "Volume capacity and consumed bytes, per broker and volume",
+                              labels=["broker", "volume", "kind"])
+    level = GaugeMetricFamily("kafka_proxy_storage_volume_factor",
+                              "Each volume's own factor (1 below soft, 0 at hard)",
+                              labels=["broker", "volume"])
+    for vv in v.volumes:
+        b, name = str(vv.broker_id), vv.volume.name
+        usage.add_metric([b, name, "capacity"], vv.volume.capacity)
+        usage.add_metric([b, name, "consumed"], vv.volume.consumed)
+        level.add_metric([b, name], vv.factor)
+    stale = GaugeMetricFamily("kafka_proxy_storage_broker_stale",
+                              "1 for each broker with no fresh volume snapshot",
+                              labels=["broker"])
+    for broker in (*v.stale, *v.missing):
+        stale.add_metric([str(broker)], 1)
+    yield from (usage, level, stale)
 
 
 def _capture_families(capture: Capture) -> Iterator[Any]:

@@ -35,11 +35,41 @@ class QuotaEnforcer:
         self.managers: dict[int, QuotaManager] = {}
         self.generation = 0  # bumped on every config change
         self._enabled = {qt: False for qt in QuotaType}
+        # Storage-aware throttling (see ``set_storage``)
+        self.produce_scale: float | None = None
+        self.unquoted_produce_bound = 0.0
+        self.exempt_users: frozenset[str] = frozenset()
+        self.storage_epoch = 0  # bumped whenever the storage scale changes
         self._refresh_enabled()
 
     def _refresh_enabled(self) -> None:
         for qt in QuotaType:
             self._enabled[qt] = bool(self.settings.for_type(qt))
+        if self.produce_scale is not None:
+            self._enabled[QuotaType.PRODUCE] = True
+
+    def configure_storage(self, unquoted_produce_bound: float,
+                          exempt_users: frozenset[str]) -> None:
+        self.unquoted_produce_bound = unquoted_produce_bound
+        self.exempt_users = exempt_users
+        for m in self.managers.values():
+            self._storage_into(m)
+
+    def set_storage(self, scale: float | None) -> None:
+        """Scale every produce quota by ``scale`` (storage throttling; 0: paused), or stop
+        (None). Producers without a quota get ``unquoted_produce_bound`` scaled alike."""
+        if scale == self.produce_scale:
+            return
+        self.produce_scale = scale
+        self.storage_epoch += 1
+        self._refresh_enabled()
+        for m in self.managers.values():
+            self._storage_into(m)
+
+    def _storage_into(self, m: QuotaManager) -> None:
+        m.produce_scale = self.produce_scale
+        m.unquoted_produce_bound = self.unquoted_produce_bound
+        m.exempt_users = self.exempt_users
 
     def enabled(self, quota_type: QuotaType) -> bool:
         return self._enabled[quota_type]
@@ -52,6 +82,7 @@ class QuotaEnforcer:
         m = self.managers.get(scope)
         if m is None:
             m = self.managers[scope] = QuotaManager(self.settings)
+            self._storage_into(m)
         return m
 
     def update(self, settings: QuotaSettings) -> None:
@@ -64,8 +95,11 @@ class QuotaEnforcer:
     def limits(self, user: str, client_id: str) -> frozenset[QuotaType]:
         """The quota types with a limit for this user and client-id."""
         m = self.manager(BOOTSTRAP_SCOPE)
-        return frozenset(qt for qt in QuotaType
-                         if self._enabled[qt] and m.resolve(qt, user, client_id).limit is not None)
+        limited = frozenset(qt for qt in QuotaType if self._enabled[qt]
+                            and m.resolve(qt, user, client_id).limit is not None)
+        if self.produce_scale is not None and user not in self.exempt_users:
+            limited |= {QuotaType.PRODUCE}
+        return limited
 
     def expire(self, now: int) -> int:
         return sum(m.expire(now) for m in self.managers.values())

@@ -29,6 +29,7 @@ from proxy.logs import get_logger
 from proxy.metrics import EntityRow, ProxyStats, make_registry, serve_metrics
 from proxy.quotas import BOOTSTRAP_SCOPE, QuotaEnforcer, now_ms
 from proxy.routing import FetchRouting
+from proxy.storage import StorageWatch
 
 log = get_logger("kafka_quota_proxy.server")
 
@@ -69,6 +70,13 @@ class Proxy:
         self._metrics_server: asyncio.AbstractServer | None = None
         self._bootstrap_rr = 0
         self.cluster_reachable = asyncio.Event()
+        self.live_brokers: set[int] = set()  # node ids in the latest metadata
+        self.storage: StorageWatch | None = None
+        if config.storage is not None:
+            self.storage = StorageWatch(config.storage, self.quotas,
+                                        config.upstream.bootstrap_servers,
+                                        lambda: self.live_brokers)
+            self.stats.storage = self.storage
 
     # ------------------------------------------------------------------ startup
     async def start(self) -> None:
@@ -113,6 +121,8 @@ class Proxy:
             self._spawn(self._flush_capture())
         self._spawn(self._refresh_loop())
         self._spawn(self._expire_loop())
+        if self.storage is not None:
+            self._spawn(self.storage.run())
         if self.config_path is not None and self.config.quotas.watch_seconds > 0:
             self._spawn(self._watch_config())
         log.info(
@@ -175,6 +185,7 @@ class Proxy:
                 continue
             for b in brokers:
                 self.registry.advertise(b.node_id, b.host, b.port, b.rack)
+            self.live_brokers = {b.node_id for b in brokers}
             if self.routing.enabled:
                 self.routing.topology.observe_brokers((b.node_id, b.rack) for b in brokers)
             self.cluster_reachable.set()

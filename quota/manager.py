@@ -45,13 +45,15 @@ class Sensor:
     # keeps reading a client only while the rate counting them stays below the bound.
     in_flight: float = 0.0
 
-    def headroom(self, now_ms: int) -> bool:
+    def headroom(self, now_ms: int, bound: float | None = None) -> bool:
         """Whether the rate, counting the values in flight as if recorded now, is below the
-        bound (always, when unlimited)."""
-        if self.bound is None:
+        bound (``bound``: another than the sensor's; always, when unlimited)."""
+        if bound is None:
+            bound = self.bound
+        if bound is None:
             return True
         window = self.rate.window_size_ms(now_ms)
-        return (self.rate.total() + self.in_flight) * 1000.0 / window < self.bound
+        return (self.rate.total() + self.in_flight) * 1000.0 / window < bound
 
 
 def percent_of_thread(request_time_ms: float) -> float:
@@ -69,6 +71,13 @@ class QuotaManager:
         # lookup on the hot path); both cleared on config change and expiry
         self._resolved: dict[tuple[QuotaType, str, str], Resolution] = {}
         self._sensor_of: dict[tuple[QuotaType, str, str], Sensor] = {}
+        # Storage-aware throttling (``quota.storage``): while set, every produce bound is
+        # scaled by it, clients without a produce quota get ``unquoted_produce_bound`` scaled
+        # alike, and ``exempt_users`` keep their own. 0 (paused) throttles nothing here: the
+        # proxy admits no produce bytes at all then.
+        self.produce_scale: float | None = None
+        self.unquoted_produce_bound = 0.0
+        self.exempt_users: frozenset[str] = frozenset()
 
     # ------------------------------------------------------------------ configuration
     def update(self, settings: QuotaSettings) -> None:
@@ -124,6 +133,12 @@ class QuotaManager:
             sensor = self.sensor(quota_type, user, client_id, now_ms)
         sensor.last_record_ms = now_ms
         bound = sensor.bound
+        scaled = False
+        if self.produce_scale is not None and quota_type is QuotaType.PRODUCE:
+            scaled = user not in self.exempt_users
+            bound = self.produce_bound(bound, user)
+            if bound is not None and bound <= 0:
+                bound = None
         if bound is None:
             sensor.rate.record(value, now_ms)
             return 0
@@ -131,13 +146,27 @@ class QuotaManager:
         if rate <= bound:
             return 0
         cap = None
-        if quota_type is QuotaType.REQUEST or self.settings.cap_byte_rate_throttle:
+        if quota_type is QuotaType.REQUEST or self.settings.cap_byte_rate_throttle or scaled:
+            # A bound scaled down for storage may fall far below the rate just measured: a
+            # producer is slowed, but never held back more than one window at a time.
             cap = self.settings.window_ms
         throttle = throttle_time_ms(rate, bound, window, cap)
         if throttle:
             sensor.throttled_requests += 1
             sensor.throttle_ms_total += throttle
         return throttle
+
+    def produce_bound(self, bound: float | None, user: str) -> float | None:
+        """The produce bound in force for a budget whose configured bound is ``bound``."""
+        scale = self.produce_scale
+        if scale is None or user in self.exempt_users:
+            return bound
+        return (self.unquoted_produce_bound if bound is None else bound) * scale
+
+    def produce_headroom(self, user: str, client_id: str, now_ms: int) -> bool:
+        """``Sensor.headroom`` of this client's produce budget, under the bound in force."""
+        sensor = self.sensor(QuotaType.PRODUCE, user, client_id, now_ms)
+        return sensor.headroom(now_ms, self.produce_bound(sensor.bound, user))
 
     def expire(self, now_ms: int) -> int:
         """Drop sensors with no record for ``idle_expiry_ms``; return how many."""
