@@ -198,7 +198,10 @@ class ProxiedConnection(asyncio.Protocol):
         while not self.closed:
             if self._hold_produce(data):
                 return
-            limited = bool(self._limited)
+            storage = self.proxy.storage
+            # While storage is paused, frames are read one at a time, so that none slips
+            # past ``_hold_produce`` behind another in the same read.
+            limited = bool(self._limited) or (storage is not None and storage.paused)
             try:
                 forward, events = self.requests.feed(data, stop_after_frame=limited)
             except ProtocolError as exc:
