@@ -1,4 +1,4 @@
-"""Command line: ``kafka-quota-proxy run|check-config|demo``."""
+"""Command line: ``kafka-quota-proxy run|check-config|volume-agent|demo``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy import __version__
-from proxy.config import ConfigError, load_config, summarize
+from proxy.config import ConfigError, load_agent_config, load_config, summarize
 
 
 def _event_loop_runner(coro: Any) -> int:
@@ -58,6 +58,37 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     print(f"{args.file}: configuration is valid")
     print(summarize(config))
     return 0
+
+
+async def _run_volume_agent(config_path: str) -> int:
+    from proxy import logs
+    from proxy.volume_agent import AgentError, route_client_logs, run_agent
+
+    file = load_agent_config(config_path)
+    logs.configure(file.logging.format, file.logging.level)
+    route_client_logs()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await run_agent(file, stop)
+    except AgentError as exc:
+        print(f"kafka-quota-proxy volume-agent: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_volume_agent(args: argparse.Namespace) -> int:
+    try:
+        load_agent_config(args.config)
+    except ConfigError as exc:
+        print(f"{args.config}: invalid configuration ({len(exc.errors)} error(s)):",
+              file=sys.stderr)
+        for line in exc.errors:
+            print(f"  {line}", file=sys.stderr)
+        return 2
+    return _event_loop_runner(_run_volume_agent(args.config))
 
 
 def _load_quotas(path: str) -> Any:
@@ -160,6 +191,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check-config", help="validate a configuration file and summarise it")
     p.add_argument("file", metavar="FILE")
     p.set_defaults(func=_cmd_check_config)
+
+    p = sub.add_parser(
+        "volume-agent",
+        help="run beside a broker: publish the usage of its log-dir volumes to the storage "
+        "topic, at start and every interval",
+    )
+    p.add_argument("--config", required=True, metavar="FILE",
+                   help="YAML configuration file with a storage section and storage.agent")
+    p.set_defaults(func=_cmd_volume_agent)
 
     p = sub.add_parser(
         "demo",
