@@ -62,11 +62,11 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
 
 async def _run_volume_agent(config_path: str) -> int:
     from proxy import logs
-    from proxy.volume_agent import AgentError, route_client_logs, run_agent
+    from proxy.volume_agent import AgentError, run_agent
 
     file = load_agent_config(config_path)
     logs.configure(file.logging.format, file.logging.level)
-    route_client_logs()
+    logs.route_client_logs()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -38,3 +38,21 @@ def configure(fmt: str = "json", level: str = "info", stream: Any = None) -> Non
 
 def get_logger(name: str) -> Any:
     return structlog.get_logger(name)
+
+
+class _ClientLogs(logging.Handler):
+    """The Kafka client's own log records, as structured debug events."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        get_logger("kafka_quota_proxy.kafka_client").debug(
+            "kafka_client_log", logger=record.name, level_name=record.levelname.lower(),
+            message=record.getMessage())
+
+
+def route_client_logs() -> None:
+    """Send the Kafka client's (aiokafka) warnings and errors, plain text on stderr through
+    stdlib logging, to the structured log at debug: its users report failures themselves."""
+    client = logging.getLogger("aiokafka")
+    client.handlers[:] = [_ClientLogs()]
+    client.setLevel(logging.WARNING)
+    client.propagate = False

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from proxy.config import HostPort, StorageConfig
+from proxy.logs import route_client_logs
 from quota.storage import OPEN, ClusterVolumes, Snapshot, SnapshotError, State, Verdict
 
 if TYPE_CHECKING:
@@ -134,6 +135,7 @@ class StorageWatch:
     # ------------------------------------------------------------------ tasks
     async def run(self) -> None:
         """Read the topic and re-evaluate, until cancelled."""
+        route_client_logs()
         reader = asyncio.get_running_loop().create_task(self._read_forever())
         try:
             while True:

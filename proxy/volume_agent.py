@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import os
 import stat
 import time
@@ -314,20 +313,3 @@ async def run_agent(file: AgentFile, stop: asyncio.Event | None = None,
             await server.wait_closed()
         log.info("volume_agent_stopped", published=agent.published,
                  publish_errors=agent.publish_errors)
-
-
-class _ClientLogs(logging.Handler):
-    """The Kafka client's own log records, as structured debug events."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        log.debug("kafka_client_log", logger=record.name, level_name=record.levelname.lower(),
-                  message=record.getMessage())
-
-
-def route_client_logs() -> None:
-    """Send the Kafka client's warnings and errors (stdlib logging, plain text on stderr) to
-    the structured log, at debug: the agent reports failures itself."""
-    client = logging.getLogger("aiokafka")
-    client.handlers[:] = [_ClientLogs()]
-    client.setLevel(logging.WARNING)
-    client.propagate = False
