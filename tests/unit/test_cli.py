@@ -1,4 +1,4 @@
-"""The command line: ``kafka-quota-proxy run|check-config|demo|--version``."""
+"""The command line: ``kafka-quota-proxy run|check-config|demo|volume-agent|--version``."""
 
 from __future__ import annotations
 
@@ -69,14 +69,15 @@ def test_help_lists_commands() -> None:
     proc = cli("--help")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("usage: kafka-quota-proxy")
-    for command in ("run", "check-config", "demo"):
+    for command in ("run", "check-config", "demo", "volume-agent", "replay"):
         assert f"    {command}" in proc.stdout, proc.stdout
     assert "--version" in proc.stdout
 
 
 @pytest.mark.parametrize(
     ("command", "fragment"),
-    [("run", "--config FILE"), ("check-config", "FILE"), ("demo", "--seconds")],
+    [("run", "--config FILE"), ("check-config", "FILE"), ("demo", "--seconds"),
+     ("volume-agent", "--config FILE")],
 )
 def test_subcommand_help(command: str, fragment: str) -> None:
     proc = cli(command, "--help")
@@ -91,6 +92,7 @@ def test_parser_knows_the_commands() -> None:
     assert parser.parse_args(["check-config", "x.yaml"]).file == "x.yaml"
     args = parser.parse_args(["demo", "--seconds", "1.5", "--rate", "10"])
     assert (args.seconds, args.rate) == (1.5, 10)
+    assert parser.parse_args(["volume-agent", "--config", "a.yaml"]).config == "a.yaml"
 
 
 @pytest.mark.parametrize(
