@@ -412,6 +412,7 @@ class StorageConfig(_Model):
     hard: LimitConfig
     unquoted_producer_byte_rate: float = Field(default=52428800, gt=0)
     exempt_users: list[str] = []
+    exempt_client_ids: list[str] = []
     pause_throttle_ms: int = Field(default=1000, ge=1, le=300_000)
     evaluate_seconds: float = Field(default=1.0, gt=0, le=60)
     agent: VolumeAgentConfig | None = None

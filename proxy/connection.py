@@ -164,8 +164,9 @@ class ProxiedConnection(asyncio.Protocol):
         in the proxy, and the client is read no further, until producing may resume (a client
         that closes meanwhile takes it away: nothing reaches the broker twice)."""
         storage = self.proxy.storage
-        if (storage is None or not storage.paused or self.user in storage.exempt_users
-                or self.requests.next_api_key(data) != _PRODUCE):
+        if (storage is None or not storage.paused
+                or self.requests.next_api_key(data) != _PRODUCE
+                or storage.exempt(self.user, self._client_id)):
             return False
         self.requests.hold(data)
         storage.park(self)
@@ -379,7 +380,7 @@ class ProxiedConnection(asyncio.Protocol):
             throttle, kind = request_throttle, QuotaType.REQUEST
         storage = self.proxy.storage
         if (key == _PRODUCE and storage is not None and storage.paused
-                and self.user not in storage.exempt_users and storage.pause_ms > throttle):
+                and storage.pause_ms > throttle and not storage.exempt(self.user, cid)):
             throttle, kind = storage.pause_ms, QuotaType.PRODUCE  # back off while paused
         if throttle <= 0 or kind is None:
             return routed

@@ -39,6 +39,7 @@ class QuotaEnforcer:
         self.produce_scale: float | None = None
         self.unquoted_produce_bound = 0.0
         self.exempt_users: frozenset[str] = frozenset()
+        self.exempt_client_ids: frozenset[str] = frozenset()
         self.storage_epoch = 0  # bumped whenever the storage scale changes
         self._refresh_enabled()
 
@@ -49,9 +50,11 @@ class QuotaEnforcer:
             self._enabled[QuotaType.PRODUCE] = True
 
     def configure_storage(self, unquoted_produce_bound: float,
-                          exempt_users: frozenset[str]) -> None:
+                          exempt_users: frozenset[str],
+                          exempt_client_ids: frozenset[str] = frozenset()) -> None:
         self.unquoted_produce_bound = unquoted_produce_bound
         self.exempt_users = exempt_users
+        self.exempt_client_ids = exempt_client_ids
         for m in self.managers.values():
             self._storage_into(m)
 
@@ -70,6 +73,7 @@ class QuotaEnforcer:
         m.produce_scale = self.produce_scale
         m.unquoted_produce_bound = self.unquoted_produce_bound
         m.exempt_users = self.exempt_users
+        m.exempt_client_ids = self.exempt_client_ids
 
     def enabled(self, quota_type: QuotaType) -> bool:
         return self._enabled[quota_type]
@@ -97,7 +101,8 @@ class QuotaEnforcer:
         m = self.manager(BOOTSTRAP_SCOPE)
         limited = frozenset(qt for qt in QuotaType if self._enabled[qt]
                             and m.resolve(qt, user, client_id).limit is not None)
-        if self.produce_scale is not None and user not in self.exempt_users:
+        if (self.produce_scale is not None and user not in self.exempt_users
+                and client_id not in self.exempt_client_ids):
             limited |= {QuotaType.PRODUCE}
         return limited
 

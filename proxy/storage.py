@@ -51,8 +51,10 @@ class StorageWatch:
         self.known_brokers = known_brokers
         self.clock = clock
         self.exempt_users = frozenset(config.exempt_users)
+        self.exempt_client_ids = frozenset(config.exempt_client_ids)
         self.pause_ms = config.pause_throttle_ms
-        quotas.configure_storage(config.unquoted_producer_byte_rate, self.exempt_users)
+        quotas.configure_storage(config.unquoted_producer_byte_rate, self.exempt_users,
+                                 self.exempt_client_ids)
         self.caught_up = False  # the topic has been read to its end once
         self.connected = False
         self.verdict: Verdict = OPEN
@@ -93,6 +95,9 @@ class StorageWatch:
         if not self.paused and self._parked:
             self._resume_parked()
         return verdict
+
+    def exempt(self, user: str, client_id: str | None) -> bool:
+        return user in self.exempt_users or (client_id or "") in self.exempt_client_ids
 
     def park(self, conn: ProxiedConnection) -> None:
         """A producer's request waits until producing may resume."""

@@ -73,11 +73,12 @@ class QuotaManager:
         self._sensor_of: dict[tuple[QuotaType, str, str], Sensor] = {}
         # Storage-aware throttling (``quota.storage``): while set, every produce bound is
         # scaled by it, clients without a produce quota get ``unquoted_produce_bound`` scaled
-        # alike, and ``exempt_users`` keep their own. 0 (paused) throttles nothing here: the
-        # proxy admits no produce bytes at all then.
+        # alike, and exempt users and client-ids keep their own. 0 (paused) throttles nothing
+        # here: the proxy admits no produce bytes at all then.
         self.produce_scale: float | None = None
         self.unquoted_produce_bound = 0.0
         self.exempt_users: frozenset[str] = frozenset()
+        self.exempt_client_ids: frozenset[str] = frozenset()
 
     # ------------------------------------------------------------------ configuration
     def update(self, settings: QuotaSettings) -> None:
@@ -135,8 +136,8 @@ class QuotaManager:
         bound = sensor.bound
         scaled = False
         if self.produce_scale is not None and quota_type is QuotaType.PRODUCE:
-            scaled = user not in self.exempt_users
-            bound = self.produce_bound(bound, user)
+            scaled = not self.storage_exempt(user, client_id)
+            bound = self.produce_bound(bound, user, client_id)
             if bound is not None and bound <= 0:
                 bound = None
         if bound is None:
@@ -156,17 +157,20 @@ class QuotaManager:
             sensor.throttle_ms_total += throttle
         return throttle
 
-    def produce_bound(self, bound: float | None, user: str) -> float | None:
+    def storage_exempt(self, user: str, client_id: str) -> bool:
+        return user in self.exempt_users or client_id in self.exempt_client_ids
+
+    def produce_bound(self, bound: float | None, user: str, client_id: str) -> float | None:
         """The produce bound in force for a budget whose configured bound is ``bound``."""
         scale = self.produce_scale
-        if scale is None or user in self.exempt_users:
+        if scale is None or self.storage_exempt(user, client_id):
             return bound
         return (self.unquoted_produce_bound if bound is None else bound) * scale
 
     def produce_headroom(self, user: str, client_id: str, now_ms: int) -> bool:
         """``Sensor.headroom`` of this client's produce budget, under the bound in force."""
         sensor = self.sensor(QuotaType.PRODUCE, user, client_id, now_ms)
-        return sensor.headroom(now_ms, self.produce_bound(sensor.bound, user))
+        return sensor.headroom(now_ms, self.produce_bound(sensor.bound, user, client_id))
 
     def expire(self, now_ms: int) -> int:
         """Drop sensors with no record for ``idle_expiry_ms``; return how many."""

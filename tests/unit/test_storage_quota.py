@@ -22,12 +22,15 @@ def throttles(m: QuotaManager, user: str, client: str, n: int = 30, size: int = 
 def test_produce_bounds_scale_with_the_factor() -> None:
     m = QuotaManager(SETTINGS)
     m.unquoted_produce_bound = 10_000.0
-    assert m.produce_bound(10_000.0, "u") == 10_000.0  # inactive: as configured
+    assert m.produce_bound(10_000.0, "u", "c") == 10_000.0  # inactive: as configured
     m.produce_scale = 0.5
-    assert m.produce_bound(10_000.0, "u") == 5_000.0
-    assert m.produce_bound(None, "u") == 5_000.0  # no quota: the base rate, scaled
+    assert m.produce_bound(10_000.0, "u", "c") == 5_000.0
+    assert m.produce_bound(None, "u", "c") == 5_000.0  # no quota: the base rate, scaled
     m.exempt_users = frozenset({"agent"})
-    assert m.produce_bound(None, "agent") is None and m.produce_bound(8.0, "agent") == 8.0
+    m.exempt_client_ids = frozenset({"volume-agent"})
+    assert m.produce_bound(None, "agent", "c") is None and m.produce_bound(8.0, "agent", "c") == 8.0
+    assert m.produce_bound(8.0, "u", "volume-agent") == 8.0
+    assert m.produce_bound(8.0, "u", "other") == 4.0
 
 
 def test_a_scaled_quota_throttles_sooner_and_at_most_one_window() -> None:
@@ -58,11 +61,12 @@ def test_paused_the_engine_throttles_nothing_and_has_no_headroom() -> None:
 def test_enforcer_limits_every_producer_while_storage_applies() -> None:
     q = QuotaEnforcer(QuotaSettings(entities={EntityKey(DEFAULT, None): {
         QuotaType.FETCH: 1.0}}))
-    q.configure_storage(1e6, frozenset({"agent"}))
+    q.configure_storage(1e6, frozenset({"agent"}), frozenset({"volume-agent"}))
     assert not q.enabled(P) and P not in q.limits("u", "c")
     epoch = q.storage_epoch
     q.set_storage(0.5)
     assert q.enabled(P) and P in q.limits("u", "c") and P not in q.limits("agent", "c")
+    assert P not in q.limits("u", "volume-agent")
     assert q.manager(3).produce_scale == 0.5  # new managers too
     assert q.storage_epoch == epoch + 1
     q.set_storage(None)
