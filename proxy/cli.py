@@ -20,16 +20,22 @@ def _event_loop_runner(coro: Any) -> int:
     return result
 
 
+def _stop_on_signals() -> asyncio.Event:
+    """An event set by SIGTERM or SIGINT."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
 async def _serve(config_path: str) -> int:
     from proxy import logs
     from proxy.server import StartupError, run_proxy
 
     config = load_config(config_path)
     logs.configure(config.logging.format, config.logging.level)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = _stop_on_signals()
     try:
         await run_proxy(config, stop, config_path)
     except StartupError as exc:
@@ -67,10 +73,7 @@ async def _run_volume_agent(config_path: str) -> int:
     file = load_agent_config(config_path)
     logs.configure(file.logging.format, file.logging.level)
     logs.route_client_logs()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = _stop_on_signals()
     try:
         await run_agent(file, stop)
     except AgentError as exc:
