@@ -77,6 +77,7 @@ def generate(out: Path, requests: int, entities: int, brokers: int, seed: int = 
             "throttle_request_ms": np.zeros(n, dtype=np.int32),
             "client_rack": pa.nulls(n, pa.string()),
             "quota_generation": np.zeros(n, dtype=np.int32),
+            "storage_scale": pa.nulls(n, pa.float64()),
             "partitions": pa.nulls(n, dict(FIELDS)["partitions"]),
         }
         table = pa.Table.from_arrays(

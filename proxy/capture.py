@@ -27,7 +27,7 @@ from proxy.logs import get_logger
 
 log = get_logger("kafka_quota_proxy.capture")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BATCH = 1024
 QUEUE_BATCHES = 64
 
@@ -54,6 +54,9 @@ FIELDS: tuple[tuple[str, pa.DataType], ...] = (
     ("throttle_request_ms", pa.int32()),
     ("client_rack", pa.string()),
     ("quota_generation", pa.int32()),  # which quota config was live (see quotas-*.json)
+    # v2: the storage factor produce quotas were scaled by (null: storage throttling was not
+    # in force; 0: paused)
+    ("storage_scale", pa.float64()),
     # Produce: bytes of record batches per partition (topic: name, or topic id in hex)
     ("partitions", pa.list_(pa.struct([("topic", pa.string()), ("partition", pa.int32()),
                                        ("bytes", pa.int64())]))),

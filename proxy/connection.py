@@ -406,7 +406,8 @@ class ProxiedConnection(asyncio.Protocol):
             entry.request_size, entry.response_size if answered else -1,
             int(elapsed_ms * 1000) if answered else -1, request_time, entry.follower,
             produce_ms, fetch_ms, request_ms, self._client_rack,
-            self.proxy.quotas.generation, _partition_rows(entry.partitions),
+            self.proxy.quotas.generation, self.proxy.quotas.produce_scale,
+            _partition_rows(entry.partitions),
         )
         if (entry.api_key == _FETCH and answered) or entry is self.requests.capturing:
             entry.pending = row

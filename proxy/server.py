@@ -261,6 +261,11 @@ class Proxy:
             "since_ms": int(time.time() * 1000),
             "quotas": q.model_dump(mode="json", by_alias=True, exclude_none=True),
         }
+        if self.config.storage is not None:  # what a replay needs besides storage_scale
+            st = self.config.storage
+            doc["storage"] = {"unquoted_producer_byte_rate": st.unquoted_producer_byte_rate,
+                              "exempt_users": st.exempt_users,
+                              "exempt_client_ids": st.exempt_client_ids}
         path = (self.capture.directory
                 / f"quotas-{self.capture.run}-{self.quotas.generation:05d}.json")
         try:

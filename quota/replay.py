@@ -53,15 +53,16 @@ def settings_from_section(section: Mapping[str, Any]) -> QuotaSettings:
     )
 
 
-def independent_by(configs: Iterable[QuotaSettings]) -> str | None:
+def independent_by(configs: Iterable[QuotaSettings], storage: bool = False) -> str | None:
     """A capture column (``"user"`` or ``"client_id"``) whose different values never share a
     quota budget under any of ``configs``, so that requests can be replayed in separate groups
     by it, or ``None`` when budgets may span both.
 
     Budgets (``entities.metric_tags``) are per (user, client-id) pair, per user (a user-only
     entity: levels 3 and 6) or per client-id (a client-id-only entity: levels 7 and 8; and
-    unlimited budgets, which never throttle)."""
-    by_user = by_client = False
+    unlimited budgets, which never throttle, until storage throttling gives them its base rate:
+    ``storage``)."""
+    by_user, by_client = False, storage
     for settings in configs:
         for key in settings.entities:
             by_user |= key.client_id is None
@@ -86,6 +87,24 @@ class Recorded:
     request_time_ms: float  # exact request time when the request quota recorded it, else 0
     follower: bool
     quota_generation: int = 0
+    storage_scale: float | None = None  # the storage factor in force (None: none)
+
+
+@dataclass(frozen=True, slots=True)
+class StorageSettings:
+    """What storage-aware throttling applied besides its factor (the proxy's ``storage``
+    section, written next to the capture): the produce rate of producers with no quota, and
+    who is exempt."""
+
+    unquoted_produce_bound: float
+    exempt_users: frozenset[str] = frozenset()
+    exempt_client_ids: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_section(cls, section: Mapping[str, Any]) -> StorageSettings:
+        return cls(float(section["unquoted_producer_byte_rate"]),
+                   frozenset(section.get("exempt_users") or ()),
+                   frozenset(section.get("exempt_client_ids") or ()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,26 +122,30 @@ class Throttles:
 
 def replay(requests: Iterable[Recorded],
            settings: QuotaSettings | Callable[[int], QuotaSettings],
-           idle_expiry_ms: int = ONE_HOUR_MS) -> Iterator[Throttles]:
+           idle_expiry_ms: int = ONE_HOUR_MS,
+           storage: StorageSettings | None = None) -> Iterator[Throttles]:
     """Throttles of one broker's requests (in ``quota_ms``, ``seq`` order). ``settings`` is
-    one config, or the config of each ``quota_generation``."""
+    one config, or the config of each ``quota_generation``; ``storage``: the capture's
+    storage settings, needed where requests carry a ``storage_scale``."""
     listed = list(requests)
     rows = [(r.quota_ms, r.user, r.client_id, r.api_key, r.request_bytes, r.response_bytes,
-             r.duration_us, r.request_time_ms, r.follower, r.quota_generation)
+             r.duration_us, r.request_time_ms, r.follower, r.quota_generation, r.storage_scale)
             for r in listed]
-    produce, fetch, request = replay_rows(rows, settings, idle_expiry_ms)
+    produce, fetch, request = replay_rows(rows, settings, idle_expiry_ms, storage)
     for r, p, f, q in zip(listed, produce, fetch, request, strict=True):
         yield Throttles(r.seq, p, f, q)
 
 
-Row = tuple[int, str, str, int, int, int, int, float, bool, int]
+Row = tuple[int, str, str, int, int, int, int, float, bool, int, float | None]
 
 
 def replay_rows(rows: Iterable[Row], settings: QuotaSettings | Callable[[int], QuotaSettings],
-                idle_expiry_ms: int = ONE_HOUR_MS) -> tuple[list[int], list[int], list[int]]:
+                idle_expiry_ms: int = ONE_HOUR_MS, storage: StorageSettings | None = None,
+                ) -> tuple[list[int], list[int], list[int]]:
     """The engine behind ``replay``, over plain tuples (quota_ms, user, client_id, api_key,
-    request_bytes, response_bytes, duration_us, request_time_ms, follower, quota_generation)
-    for speed: the produce, fetch and request throttles, one per row."""
+    request_bytes, response_bytes, duration_us, request_time_ms, follower, quota_generation,
+    storage_scale) for speed: the produce, fetch and request throttles, one per row. A
+    ``storage_scale`` that is None, NaN or negative means none was in force."""
     by_generation = settings if callable(settings) else None
     manager: QuotaManager | None = None
     generation = 0
@@ -141,13 +164,18 @@ def replay_rows(rows: Iterable[Row], settings: QuotaSettings | Callable[[int], Q
 
     next_expiry = 0
     record: Callable[[QuotaType, str, str, float, int], int] | None = None
+    scale: float | None = None
     for (now, user, cid, api_key, request_bytes, response_bytes, duration_us, request_time,
-         follower, gen) in rows:
+         follower, gen, storage_scale) in rows:
         if manager is None:
             generation = gen
             first = by_generation(gen) if by_generation is not None else settings
             assert isinstance(first, QuotaSettings)
             manager = QuotaManager(first, idle_expiry_ms)
+            if storage is not None:
+                manager.unquoted_produce_bound = storage.unquoted_produce_bound
+                manager.exempt_users = storage.exempt_users
+                manager.exempt_client_ids = storage.exempt_client_ids
             configure(first)
             next_expiry = now + EXPIRE_EVERY_MS
             record = manager.record
@@ -157,12 +185,19 @@ def replay_rows(rows: Iterable[Row], settings: QuotaSettings | Callable[[int], Q
             manager.update(new)
             configure(new)
         assert record is not None
+        if storage_scale is not None and not storage_scale >= 0:  # NaN or negative
+            storage_scale = None
+        if storage_scale != scale:
+            if storage is None:
+                raise ValueError("requests carry a storage_scale but no storage settings "
+                                 "were given")
+            scale = manager.produce_scale = storage_scale
         if now >= next_expiry:
             manager.expire(now)
             next_expiry = now + EXPIRE_EVERY_MS
         p = f = q = 0
         if api_key == PRODUCE_KEY:
-            if produce_on:
+            if produce_on or scale is not None:
                 p = record(PRODUCE, user, cid, request_bytes - 4, now)
         elif api_key == FETCH_KEY and fetch_on and not follower:
             f = record(FETCH, user, cid, response_bytes - 4, now)

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def read_capture(spark: SparkSession, directory: str | Path) -> DataFrame:
@@ -17,7 +18,10 @@ def read_capture(spark: SparkSession, directory: str | Path) -> DataFrame:
     files = sorted(str(p) for p in Path(directory).glob("capture-*.parquet"))
     if not files:
         raise FileNotFoundError(f"no capture-*.parquet files in {directory}")
-    return spark.read.parquet(*files)
+    frame = spark.read.option("mergeSchema", "true").parquet(*files)
+    if "storage_scale" not in frame.columns:  # schema v1
+        frame = frame.withColumn("storage_scale", F.lit(None).cast("double"))
+    return frame
 
 
 def read_live_configs(directory: str | Path) -> dict[tuple[str, int], Mapping[str, Any]]:
@@ -26,4 +30,15 @@ def read_live_configs(directory: str | Path) -> dict[tuple[str, int], Mapping[st
     for path in Path(directory).glob("quotas-*.json"):
         doc = json.loads(path.read_text())
         out[(str(doc["run"]), int(doc["quota_generation"]))] = doc["quotas"]
+    return out
+
+
+def read_storage_settings(directory: str | Path) -> dict[str, Mapping[str, Any]]:
+    """run -> what storage throttling applied besides its factor (runs with a ``storage``
+    section only)."""
+    out: dict[str, Mapping[str, Any]] = {}
+    for path in Path(directory).glob("quotas-*.json"):
+        doc = json.loads(path.read_text())
+        if doc.get("storage"):
+            out[str(doc["run"])] = doc["storage"]
     return out

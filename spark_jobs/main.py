@@ -15,7 +15,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from spark_jobs import report
-from spark_jobs.capture import read_capture, read_live_configs
+from spark_jobs.capture import read_capture, read_live_configs, read_storage_settings
 from spark_jobs.profile import entity_profile, per_interval
 from spark_jobs.replay import (
     catalog_of,
@@ -50,12 +50,14 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
     phase("spark start")
     captures = read_capture(spark, capture_dir)
     live = read_live_configs(capture_dir)
+    storage = read_storage_settings(capture_dir)
     facts: dict[str, Any] = {"requests": captures.count()}
     catalog = catalog_of(captures)  # the names the replays move as numbers
     phase("read")
 
     if live:
-        reproduction = replay_summary(captures, live=live, catalog=catalog).cache()
+        reproduction = replay_summary(captures, live=live, catalog=catalog,
+                                      storage=storage).cache()
         matched, total = match_rate(reproduction)
         facts["reproduction match"] = f"{matched}/{total} ({matched / max(total, 1):.4%})"
         facts["match_rate"] = matched / max(total, 1)
@@ -74,7 +76,8 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
         label = "recommended config"
         phase("tune")
     if chosen is not None:
-        summary = replay_summary(captures, candidate=chosen, catalog=catalog).cache()
+        summary = replay_summary(captures, candidate=chosen, catalog=catalog,
+                                 storage=storage).cache()
         totals_pd = _pandas(entity_totals(summary))
         totals_pd.to_csv(out / "replay.csv", index=False)
         histogram = _pandas(throttle_histogram(summary))

@@ -17,7 +17,7 @@ from pyspark.sql import Column, DataFrame, GroupedData
 from pyspark.sql import functions as F
 
 from quota.manager import QuotaSettings
-from quota.replay import independent_by, replay_rows, settings_from_section
+from quota.replay import StorageSettings, independent_by, replay_rows, settings_from_section
 
 # What crosses to the Python workers: numbers only. Strings cost more to move than the engine
 # costs to run, so run and (user, client-id) travel as 64-bit hashes and come back through a
@@ -27,10 +27,10 @@ from quota.replay import independent_by, replay_rows, settings_from_section
 BUCKETS = 16  # replay groups per (run, broker), where budgets allow: work for every core
 
 
-def _input(configs: list[QuotaSettings]) -> list[Column]:
+def _input(configs: list[QuotaSettings], storage: bool) -> list[Column]:
     """The replay's input columns; ``bucket`` splits each (run, broker) into groups that share
     no quota budget (``quota.replay.independent_by``), so they replay apart, in parallel."""
-    column = independent_by(configs)
+    column = independent_by(configs, storage)
     bucket = F.pmod(F.xxhash64(column), F.lit(BUCKETS)) if column else F.lit(0)
     return [bucket.cast("int").alias("bucket"), F.xxhash64("run").alias("run_id"),
             F.col("broker"), F.col("seq"), F.col("quota_ms"),
@@ -38,7 +38,8 @@ def _input(configs: list[QuotaSettings]) -> list[Column]:
             F.col("request_bytes"), F.col("response_bytes"), F.col("duration_us"),
             F.col("request_time_ms"), F.col("follower"), F.col("quota_generation"),
             F.col("throttle_produce_ms"), F.col("throttle_fetch_ms"),
-            F.col("throttle_request_ms")]
+            F.col("throttle_request_ms"),
+            F.coalesce(F.col("storage_scale"), F.lit(-1.0)).alias("storage_scale")]
 
 
 # Narrow on purpose: this is what crosses from the Python workers back to the JVM.
@@ -88,7 +89,8 @@ def catalog_of(captures: DataFrame) -> Catalog:
 
 def _run_engine(pdf: pd.DataFrame, candidate: QuotaSettings | None,
                 live: Mapping[tuple[str, int], QuotaSettings],
-                catalog: Names) -> tuple[pd.DataFrame, ...]:
+                catalog: Names, storage: Mapping[str, StorageSettings],
+                ) -> tuple[pd.DataFrame, ...]:
     """Sort one (run, broker) group as the proxy recorded it and replay it: the sorted
     group, and the produce, fetch and request throttles."""
     pdf = pdf.sort_values(["quota_ms", "seq"], kind="stable")
@@ -106,18 +108,18 @@ def _run_engine(pdf: pd.DataFrame, candidate: QuotaSettings | None,
     client_ids = [names[c][1] for c in codes]
     columns = [pdf[c].tolist() for c in (
         "api_key", "request_bytes", "response_bytes", "duration_us", "request_time_ms",
-        "follower", "quota_generation")]
+        "follower", "quota_generation", "storage_scale")]
     produce, fetch, request = replay_rows(
         zip(pdf["quota_ms"].tolist(), users, client_ids, *columns, strict=True),
-        candidate if candidate is not None else settings_of)
+        candidate if candidate is not None else settings_of, storage=storage.get(run))
     return (pdf, np.asarray(produce, dtype=np.int32), np.asarray(fetch, dtype=np.int32),
             np.asarray(request, dtype=np.int32))
 
 
 def _per_request(pdf: pd.DataFrame, candidate: QuotaSettings | None,
                  live: Mapping[tuple[str, int], QuotaSettings],
-                 catalog: Names) -> pd.DataFrame:
-    pdf, p, f, q = _run_engine(pdf, candidate, live, catalog)
+                 catalog: Names, storage: Mapping[str, StorageSettings]) -> pd.DataFrame:
+    pdf, p, f, q = _run_engine(pdf, candidate, live, catalog, storage)
     rp = pdf["throttle_produce_ms"].to_numpy()
     rf = pdf["throttle_fetch_ms"].to_numpy()
     rq = pdf["throttle_request_ms"].to_numpy()
@@ -142,10 +144,10 @@ SUMMARY = ("entity long, bucket_ms int, requests long, throttle_ms long, "
 
 def _summary(pdf: pd.DataFrame, candidate: QuotaSettings | None,
              live: Mapping[tuple[str, int], QuotaSettings], catalog: Names,
-             bucket_ms: int) -> pd.DataFrame:
+             storage: Mapping[str, StorageSettings], bucket_ms: int) -> pd.DataFrame:
     """The per-request replay of one group, summed per (user, client-id, throttle bucket):
     what crosses back to the JVM is small, whatever the capture's size."""
-    r = _per_request(pdf, candidate, live, catalog)
+    r = _per_request(pdf, candidate, live, catalog, storage)
     throttle = r["throttle_ms"].to_numpy()
     r["bucket_ms"] = np.where(throttle > 0, (throttle // bucket_ms) * bucket_ms, -1)
     r["recorded_throttled"] = r["recorded_throttle_ms"] > 0
@@ -168,28 +170,39 @@ def _settings(candidate: Mapping[str, Any] | None,
 
 
 def _grouped(captures: DataFrame, cand: QuotaSettings | None,
-             live: dict[tuple[str, int], QuotaSettings]) -> GroupedData:
+             live: dict[tuple[str, int], QuotaSettings], storage: bool) -> GroupedData:
     """The capture in replay groups: per run, broker (the proxy keeps one quota manager per
     upstream broker) and bucket, the columns the engine needs."""
     configs = [cand] if cand is not None else list(live.values())
-    return captures.select(*_input(configs)).groupBy("run_id", "broker", "bucket")
+    if "storage_scale" not in captures.columns:  # capture schema v1
+        captures = captures.withColumn("storage_scale", F.lit(None).cast("double"))
+    return captures.select(*_input(configs, storage)).groupBy("run_id", "broker", "bucket")
+
+
+def _storage(storage: Mapping[str, Mapping[str, Any]] | None) -> dict[str, StorageSettings]:
+    return {run: StorageSettings.from_section(s) for run, s in (storage or {}).items()}
 
 
 def replay_capture(captures: DataFrame, candidate: Mapping[str, Any] | None = None,
                    live: Mapping[tuple[str, int], Mapping[str, Any]] | None = None,
-                   catalog: Catalog | None = None) -> DataFrame:
+                   catalog: Catalog | None = None,
+                   storage: Mapping[str, Mapping[str, Any]] | None = None) -> DataFrame:
     """One row per request with its replayed throttles (``throttle_ms``: the largest, what
     the client is held back for), the recorded one, and whether all three match.
     ``candidate``: a ``quotas`` section to replay under; None: the live configs.
-    ``catalog``: ``catalog_of(captures)``, when the caller has it already."""
+    ``catalog``: ``catalog_of(captures)``, when the caller has it already. ``storage``: run ->
+    the ``storage`` settings written next to the capture (``read_storage_settings``): the
+    storage factor each request records is applied in every replay, whatever the config."""
     cand, live_settings = _settings(candidate, live)
     found = catalog or catalog_of(captures)
     names = found.names
+    st = _storage(storage)
 
     def per_group(pdf: pd.DataFrame) -> pd.DataFrame:
-        return _per_request(pdf, cand, live_settings, names)
+        return _per_request(pdf, cand, live_settings, names, st)
 
-    replayed = _grouped(captures, cand, live_settings).applyInPandas(per_group, SCHEMA)
+    replayed = _grouped(captures, cand, live_settings, bool(st)).applyInPandas(
+        per_group, SCHEMA)
     return (replayed.join(F.broadcast(found.run_frame), "run_id")
             .join(F.broadcast(found.entity_frame), "entity")
             .select("run", "broker", "seq", "user", "client_id",
@@ -199,17 +212,20 @@ def replay_capture(captures: DataFrame, candidate: Mapping[str, Any] | None = No
 
 def replay_summary(captures: DataFrame, candidate: Mapping[str, Any] | None = None,
                    live: Mapping[tuple[str, int], Mapping[str, Any]] | None = None,
-                   bucket_ms: int = 100, catalog: Catalog | None = None) -> DataFrame:
+                   bucket_ms: int = 100, catalog: Catalog | None = None,
+                   storage: Mapping[str, Mapping[str, Any]] | None = None) -> DataFrame:
     """The replay summed per (user, client-id, throttle bucket; -1: not throttled), for
     ``entity_totals``, ``throttle_histogram`` and ``match_rate`` at any capture size."""
     cand, live_settings = _settings(candidate, live)
     found = catalog or catalog_of(captures)
     names = found.names
+    st = _storage(storage)
 
     def per_group(pdf: pd.DataFrame) -> pd.DataFrame:
-        return _summary(pdf, cand, live_settings, names, bucket_ms)
+        return _summary(pdf, cand, live_settings, names, st, bucket_ms)
 
-    summary = _grouped(captures, cand, live_settings).applyInPandas(per_group, SUMMARY)
+    summary = _grouped(captures, cand, live_settings, bool(st)).applyInPandas(
+        per_group, SUMMARY)
     return summary.join(F.broadcast(found.entity_frame), "entity").drop("entity")
 
 

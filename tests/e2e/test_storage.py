@@ -6,16 +6,20 @@ was produced is in the topic exactly once."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from proxy.embedded_broker import TansuBroker
+from quota.replay import Recorded, StorageSettings, replay, settings_from_section
 from quota.storage import Snapshot, Volume
 from tests.e2e.test_quotas import cycle_rate
 from tests.support import ProxyProcess, new_topic, wait_for
@@ -56,10 +60,14 @@ class Publisher:
 
 
 @pytest.fixture
-def storage_proxy(tansu: TansuBroker) -> Iterator[tuple[ProxyProcess, Publisher]]:
+def storage_proxy(tansu: TansuBroker, tmp_path: Path
+                  ) -> Iterator[tuple[ProxyProcess, Publisher, Path]]:
     topic = f"volumes-{uuid.uuid4().hex[:6]}"
     publisher = Publisher(tansu.bootstrap, topic)
-    proxy = ProxyProcess(tansu.bootstrap, extra_yaml=f"""quotas:
+    capture_dir = tmp_path / "capture"
+    proxy = ProxyProcess(tansu.bootstrap, extra_yaml=f"""capture:
+  dir: "{capture_dir}"
+quotas:
   window: {{samples: 3, size_seconds: 1}}
 storage:
   topic: "{topic}"
@@ -73,15 +81,15 @@ storage:
 """).start()
     try:
         proxy.wait_broker_listener(NODE)
-        yield proxy, publisher
+        yield proxy, publisher, capture_dir
     finally:
         proxy.stop()
         publisher.close()
 
 
 def test_producer_follows_the_cluster_storage_state(
-        storage_proxy: tuple[ProxyProcess, Publisher]) -> None:
-    proxy, publisher = storage_proxy
+        storage_proxy: tuple[ProxyProcess, Publisher, Path]) -> None:
+    proxy, publisher, capture_dir = storage_proxy
     data_topic = new_topic(proxy.bootstrap, "stored")
     delivered: list[tuple[float, int, bytes]] = []
     errors: list[str] = []
@@ -148,7 +156,7 @@ def test_producer_follows_the_cluster_storage_state(
         def measured() -> float | None:
             events = [(t - t0, n) for t, n, _ in delivered if t >= t0]
             try:  # whole burst cycles after the samples from before have aged out
-                return cycle_rate(events, 4.0, 0.5 * BASE, measure_s=10.0) if events else None
+                return cycle_rate(events, 4.0, 0.5 * BASE, measure_s=14.0) if events else None
             except AssertionError:
                 return None
 
@@ -198,3 +206,29 @@ def test_producer_follows_the_cluster_storage_state(
     consumer.close()
     assert sorted(got) == keys
     assert len(set(keys)) == len(keys)
+
+    # The capture holds the storage factor of each request: replaying it through the quota
+    # engine reproduces the throttles storage caused.
+    proxy.stop()
+    rows = [r for f in capture_dir.glob("capture-*.parquet") for r in pq.read_table(f).to_pylist()]
+    docs = [json.loads(f.read_text()) for f in capture_dir.glob("quotas-*.json")]
+    storage = StorageSettings.from_section(docs[0]["storage"])
+    configs = {d["quota_generation"]: settings_from_section(d["quotas"]) for d in docs}
+    produce = [r for r in rows if r["api_key"] == 0]
+    assert {r["storage_scale"] for r in produce} >= {None, 0.5, 0.0}
+    matched = total = 0
+    for broker in {r["broker"] for r in rows}:
+        mine = sorted((r for r in rows if r["broker"] == broker),
+                      key=lambda r: (r["quota_ms"], r["seq"]))
+        recorded = [Recorded(r["seq"], r["quota_ms"], r["user"], r["client_id"], r["api_key"],
+                             r["request_bytes"], r["response_bytes"], r["duration_us"],
+                             r["request_time_ms"], r["follower"], r["quota_generation"],
+                             r["storage_scale"]) for r in mine]
+        for r, t in zip(mine, replay(recorded, configs.__getitem__, storage=storage),
+                        strict=True):
+            total += 1
+            matched += (t.produce_ms, t.fetch_ms, t.request_ms) == (
+                r["throttle_produce_ms"], r["throttle_fetch_ms"], r["throttle_request_ms"])
+    throttled = sum(1 for r in produce if r["throttle_produce_ms"] > 0)
+    print(f"replay: {matched}/{total} match ({throttled} produce requests throttled)")
+    assert throttled > 0 and matched / total >= 0.999

@@ -17,7 +17,7 @@ from proxy.capture import FIELDS, SCHEMA, SCHEMA_VERSION, Capture, CaptureWriter
 def row(i: int) -> tuple[Any, ...]:
     return ("1-2", i, 1_700_000_000_000 + i, 5_000 + i, 7, 1, "ANONYMOUS", f"client-{i % 3}",
             "127.0.0.1", 0, 9, 1000 + i, 50, 1200, 1.2, False, i % 5, 0, 0, None, 0,
-            [("t", i % 4, 900 + i)] if i % 2 else None)
+            0.5 if i % 3 else None, [("t", i % 4, 900 + i)] if i % 2 else None)
 
 
 def read_all(directory: Path) -> list[dict[str, Any]]:

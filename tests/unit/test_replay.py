@@ -3,6 +3,7 @@ config of each generation."""
 
 from __future__ import annotations
 
+import pytest
 import yaml
 from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
@@ -10,7 +11,13 @@ from hypothesis import strategies as st
 from proxy.config import QuotasConfig
 from quota.entities import DEFAULT, EntityKey, QuotaType
 from quota.manager import QuotaSettings
-from quota.replay import Recorded, independent_by, replay, settings_from_section
+from quota.replay import (
+    Recorded,
+    StorageSettings,
+    independent_by,
+    replay,
+    settings_from_section,
+)
 
 ISSUE_FORM = """
 window: {samples: 11, size_seconds: 1}
@@ -85,6 +92,9 @@ def test_independent_by_follows_the_budgets_configured() -> None:
     assert independent_by([settings(EntityKey("u", None), EntityKey(None, "c"))]) is None
     # across generations: budgets per user in one, per client-id in the other
     assert independent_by([client_only, user_only]) is None
+    # storage throttling gives producers with no quota a per-client-id budget
+    assert independent_by([client_only], storage=True) == "client_id"
+    assert independent_by([user_only], storage=True) is None
 
 
 NAMES = st.sampled_from(["a", "b", "c"])
@@ -116,3 +126,26 @@ def test_replaying_apart_by_the_independent_column_changes_no_throttle(
             [r for r in requests if getattr(r, column) == value], config)})
     assert apart == whole
     event(f"throttled: {any(x.applied_ms for x in whole.values())}")
+
+
+def test_the_storage_factor_a_request_records_is_applied_in_every_replay() -> None:
+    """Storage throttling scales produce bounds by the factor each request recorded, and gives
+    producers with no quota the base rate: the replay does the same, whatever the config."""
+    storage = StorageSettings(10_000.0, exempt_client_ids=frozenset({"agent"}))
+    no_quotas = QuotaSettings(samples=3, window_ms=1000)
+
+    def burst(client: str, scale: float | None) -> list[Recorded]:
+        return [Recorded(i, i * 10, "ANONYMOUS", client, 0, 2004, 54, 2000, 0.0, False, 0,
+                         scale) for i in range(20)]
+
+    assert not any(t.produce_ms for t in replay(burst("c", None), no_quotas, storage=storage))
+    halved = [t.produce_ms for t in replay(burst("c", 0.5), no_quotas, storage=storage)]
+    full = [t.produce_ms for t in replay(burst("c", 1.0), no_quotas, storage=storage)]
+    assert any(halved) and halved.index(next(t for t in halved if t)) < full.index(
+        next(t for t in full if t))
+    assert max(halved) <= 1000  # capped at one window while scaled
+    assert not any(t.produce_ms for t in replay(burst("agent", 0.5), no_quotas,
+                                                storage=storage))
+    assert not any(t.produce_ms for t in replay(burst("c", 0.0), no_quotas, storage=storage))
+    with pytest.raises(ValueError, match="storage settings"):
+        list(replay(burst("c", 0.5), no_quotas))
