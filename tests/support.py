@@ -238,3 +238,29 @@ class KafkaWire:
         if api_key == 18 and int.from_bytes(body[:2], "big", signed=True) == 35:
             return decode_response(api_key, 0, body)
         return decode_response(api_key, version, body)
+
+
+def reproduce_capture(capture_dir: Path, rows: list[dict[str, Any]]) -> tuple[int, int]:
+    """Replay captured ``rows`` through the quota engine under the configs (and storage
+    settings) written next to them, per broker in the proxy's order: (requests whose three
+    throttles equal the recorded ones, requests)."""
+    from quota.replay import Recorded, StorageSettings, replay, settings_from_section
+
+    docs = [json.loads(f.read_text()) for f in capture_dir.glob("quotas-*.json")]
+    configs = {d["quota_generation"]: settings_from_section(d["quotas"]) for d in docs}
+    storage = next((StorageSettings.from_section(d["storage"]) for d in docs
+                    if d.get("storage")), None)
+    matched = total = 0
+    for broker in {r["broker"] for r in rows}:
+        mine = sorted((r for r in rows if r["broker"] == broker),
+                      key=lambda r: (r["quota_ms"], r["seq"]))
+        recorded = [Recorded(r["seq"], r["quota_ms"], r["user"], r["client_id"], r["api_key"],
+                             r["request_bytes"], r["response_bytes"], r["duration_us"],
+                             r["request_time_ms"], r["follower"], r["quota_generation"],
+                             r.get("storage_scale")) for r in mine]
+        for r, t in zip(mine, replay(recorded, configs.__getitem__, storage=storage),
+                        strict=True):
+            total += 1
+            matched += (t.produce_ms, t.fetch_ms, t.request_ms) == (
+                r["throttle_produce_ms"], r["throttle_fetch_ms"], r["throttle_request_ms"])
+    return matched, total

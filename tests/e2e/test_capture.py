@@ -19,8 +19,7 @@ import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from proxy.embedded_broker import TansuBroker
-from quota.replay import Recorded, replay, settings_from_section
-from tests.support import KafkaWire, ProxyProcess, new_topic, wait_for
+from tests.support import KafkaWire, ProxyProcess, new_topic, reproduce_capture, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -144,21 +143,7 @@ def test_every_request_is_captured_with_its_throttle(captured: Captured) -> None
 
     # Replaying the capture through the quota engine under the config that was live
     # reproduces the throttle the proxy applied, request by request.
-    configs = {json.loads(f.read_text())["quota_generation"]:
-               settings_from_section(json.loads(f.read_text())["quotas"])
-               for f in capture_dir.glob("quotas-*.json")}
-    matched = total = 0
-    for broker in {r["broker"] for r in rows}:
-        mine = sorted((r for r in rows if r["broker"] == broker),
-                      key=lambda r: (r["quota_ms"], r["seq"]))
-        recorded = [Recorded(r["seq"], r["quota_ms"], r["user"], r["client_id"], r["api_key"],
-                             r["request_bytes"], r["response_bytes"], r["duration_us"],
-                             r["request_time_ms"], r["follower"], r["quota_generation"])
-                    for r in mine]
-        for r, t in zip(mine, replay(recorded, configs.__getitem__), strict=True):
-            total += 1
-            matched += (t.produce_ms, t.fetch_ms, t.request_ms) == (
-                r["throttle_produce_ms"], r["throttle_fetch_ms"], r["throttle_request_ms"])
+    matched, total = reproduce_capture(capture_dir, rows)
     throttled = sum(1 for r in rows if r["throttle_produce_ms"] or r["throttle_fetch_ms"]
                     or r["throttle_request_ms"])
     print(f"\nreplay: {matched}/{total} requests match ({throttled} throttled)")

@@ -6,7 +6,6 @@ was produced is in the topic exactly once."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import uuid
@@ -19,10 +18,9 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from proxy.embedded_broker import TansuBroker
-from quota.replay import Recorded, StorageSettings, replay, settings_from_section
 from quota.storage import Snapshot, Volume
 from tests.e2e.test_quotas import cycle_rate
-from tests.support import ProxyProcess, new_topic, wait_for
+from tests.support import ProxyProcess, new_topic, reproduce_capture, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -211,24 +209,9 @@ def test_producer_follows_the_cluster_storage_state(
     # engine reproduces the throttles storage caused.
     proxy.stop()
     rows = [r for f in capture_dir.glob("capture-*.parquet") for r in pq.read_table(f).to_pylist()]
-    docs = [json.loads(f.read_text()) for f in capture_dir.glob("quotas-*.json")]
-    storage = StorageSettings.from_section(docs[0]["storage"])
-    configs = {d["quota_generation"]: settings_from_section(d["quotas"]) for d in docs}
     produce = [r for r in rows if r["api_key"] == 0]
     assert {r["storage_scale"] for r in produce} >= {None, 0.5, 0.0}
-    matched = total = 0
-    for broker in {r["broker"] for r in rows}:
-        mine = sorted((r for r in rows if r["broker"] == broker),
-                      key=lambda r: (r["quota_ms"], r["seq"]))
-        recorded = [Recorded(r["seq"], r["quota_ms"], r["user"], r["client_id"], r["api_key"],
-                             r["request_bytes"], r["response_bytes"], r["duration_us"],
-                             r["request_time_ms"], r["follower"], r["quota_generation"],
-                             r["storage_scale"]) for r in mine]
-        for r, t in zip(mine, replay(recorded, configs.__getitem__, storage=storage),
-                        strict=True):
-            total += 1
-            matched += (t.produce_ms, t.fetch_ms, t.request_ms) == (
-                r["throttle_produce_ms"], r["throttle_fetch_ms"], r["throttle_request_ms"])
+    matched, total = reproduce_capture(capture_dir, rows)
     throttled = sum(1 for r in produce if r["throttle_produce_ms"] > 0)
     print(f"replay: {matched}/{total} match ({throttled} produce requests throttled)")
     assert throttled > 0 and matched / total >= 0.999
