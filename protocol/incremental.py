@@ -127,6 +127,49 @@ def fetch_response_walk(version: int, parts: PartitionBytes | None = None) -> Wa
             yield from _skip_tagged_fields()
 
 
+def produce_request_walk(version: int, parts: PartitionBytes) -> Walk:
+    """Walk a Produce request frame (v3+) from just after its size prefix, request header
+    included, to its end, appending each partition's ``(topic name or 16-byte topic id,
+    partition, bytes of record batches)`` to ``parts``: the capture's per-partition bytes,
+    read off the size fields while the records pass through."""
+    if version < 3:
+        raise ValueError("only Produce v3+ is walked")
+    flexible = version >= 9
+    yield -8  # api_key, api_version, correlation_id
+    yield from _skip(max((yield from _int(2)), 0))  # client_id (nullable, classic)
+    if flexible:
+        yield from _skip_tagged_fields()  # request header v2
+    size = (yield from _uvarint()) - 1 if flexible else (yield from _int(2))
+    yield from _skip(max(size, 0))  # transactional_id
+    yield -6  # acks, timeout_ms
+    n_topics = yield from _array_count(flexible)
+    for _ in range(max(n_topics, 0)):
+        topic: str | bytes
+        if version >= 13:
+            topic_id = yield 16
+            assert topic_id is not None
+            topic = topic_id
+        else:
+            size = (yield from _uvarint()) - 1 if flexible else (yield from _int(2))
+            topic = ""
+            if size > 0:
+                name = yield size
+                assert name is not None
+                topic = name.decode("utf-8", "replace")
+        n_parts = yield from _array_count(flexible)
+        for _ in range(max(n_parts, 0)):
+            index = yield from _int(4)
+            size = (yield from _uvarint()) - 1 if flexible else (yield from _int(4))
+            yield from _skip(size)  # records
+            parts.append((topic, index, max(size, 0)))
+            if flexible:
+                yield from _skip_tagged_fields()
+        if flexible:
+            yield from _skip_tagged_fields()
+    if flexible:
+        yield from _skip_tagged_fields()
+
+
 class Walker:
     """Drives a walk over chunks; ``feed`` says how far the walk consumed a chunk."""
 

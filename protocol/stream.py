@@ -25,7 +25,12 @@ from protocol.errors import (
     UnsupportedVersion,
 )
 from protocol.headers import parse_request_header, produce_acks
-from protocol.incremental import PartitionBytes, Walker, fetch_response_walk
+from protocol.incremental import (
+    PartitionBytes,
+    Walker,
+    fetch_response_walk,
+    produce_request_walk,
+)
 from protocol.primitives import INT32
 
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes
@@ -57,10 +62,13 @@ class RequestStream:
         "_capturing",
         "_held",
         "_max",
+        "_measure",
+        "_measuring",
         "_pending",
         "_remaining",
         "_table",
         "captured",
+        "measured",
     )
 
     def __init__(
@@ -68,6 +76,7 @@ class RequestStream:
         table: CorrelationTable,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         capture: Callable[[InFlight], bool] | None = None,
+        measure_produce: bool = False,
     ) -> None:
         self._table = table
         self._max = max_frame_bytes
@@ -80,6 +89,13 @@ class RequestStream:
         self._capture = capture
         self._capturing: tuple[InFlight, list[bytes]] | None = None
         self.captured: list[tuple[InFlight, bytes]] = []
+        # ``measure_produce``: Produce v3+ frames are walked as they pass (nothing copied) and
+        # their entry's ``partitions`` set when they end; those entries are appended to
+        # ``measured`` (the caller empties it).
+        self._measure = measure_produce
+        # (entry, the walk so far: None once it failed, partitions so far)
+        self._measuring: tuple[InFlight, Walker | None, PartitionBytes] | None = None
+        self.measured: list[InFlight] = []
 
     @property
     def buffered(self) -> int:
@@ -108,9 +124,9 @@ class RequestStream:
         self._pending = b""
 
     @property
-    def capturing(self) -> InFlight | None:
-        """The request whose frame is being captured but has not ended yet, if any."""
-        return self._capturing[0] if self._capturing is not None else None
+    def measuring(self) -> InFlight | None:
+        """The produce request whose frame is being measured but has not ended yet, if any."""
+        return self._measuring[0] if self._measuring is not None else None
 
     @property
     def held(self) -> bool:
@@ -138,11 +154,15 @@ class RequestStream:
             self._remaining = rem - n
             if self._capturing is not None:
                 self._capture_more(data, n)
+            if self._measuring is not None:
+                self._measure_more(data, n)
             return data, events
         pos = rem
         self._remaining = 0
         if rem and self._capturing is not None:
             self._capture_more(data, rem)
+        if rem and self._measuring is not None:
+            self._measure_more(data, rem)
         if rem and stop_after_frame:
             self._held = data[rem:]
             return memoryview(data)[:rem], events
@@ -203,6 +223,11 @@ class RequestStream:
                     self._capturing = (entry, [data[pos + 4 : n]])
                 else:
                     self.captured.append((entry, data[pos + 4 : end]))
+            if self._measure and api_key == _PRODUCE and header.api_version >= 3:
+                parts: PartitionBytes = []
+                self._measuring = (
+                    entry, Walker(produce_request_walk(header.api_version, parts)), parts)
+                self._measure_more(data, limit, pos + 4, end > n)
             if end > n:
                 self._remaining = end - n
                 pos = n
@@ -215,6 +240,24 @@ class RequestStream:
             return data, events
         return memoryview(data)[:pos], events
 
+
+    def _measure_more(self, data: bytes, upto: int, start: int = 0,
+                      more: bool | None = None) -> None:
+        """Bytes ``[start, upto)`` of ``data`` continue the produce frame being measured;
+        ``more``: whether the frame goes on past them (default: bytes remain)."""
+        assert self._measuring is not None
+        entry, walker, parts = self._measuring
+        if walker is not None and not walker.done:
+            try:
+                walker.feed(data, start, upto)
+            except ValueError:  # measured no further: the frame passes all the same
+                walker = None
+                self._measuring = (entry, None, parts)
+        if self._remaining if more is None else more:
+            return
+        self._measuring = None
+        entry.partitions = parts if walker is not None and walker.done else None
+        self.measured.append(entry)
 
     def _capture_more(self, data: bytes, upto: int) -> None:
         """The next ``upto`` bytes of ``data`` continue the frame being captured."""

@@ -19,8 +19,6 @@ from protocol.correlation import CorrelationTable, InFlight
 from protocol.errors import ProtocolError
 from protocol.fetch import parse_fetch_request
 from protocol.headers import parse_request_header
-from protocol.produce import FIRST_VERSION as PRODUCE_WALKED_FROM
-from protocol.produce import produce_partitions
 from protocol.rewrite import throttle_field
 from protocol.stream import RequestStream, ResponseStream
 from proxy.flow import ReadGate
@@ -75,15 +73,13 @@ class ProxiedConnection(asyncio.Protocol):
         routed = self._routed
 
         def wanted(e: InFlight) -> bool:
-            """Requests read whole on their way upstream: consumer fetches to route, and
-            produce requests to capture per partition."""
-            if e.api_key == _PRODUCE:
-                return capture_produce and e.api_version >= PRODUCE_WALKED_FROM
-            return routed and routing.wants(e.api_key, e.api_version, e.follower)
+            """Requests read whole on their way upstream: consumer fetches to route."""
+            return routing.wants(e.api_key, e.api_version, e.follower)
 
+        # With capture on, produce requests are measured per partition as they pass.
         self.requests = RequestStream(
-            self.table, cfg.max_frame_bytes,
-            wanted if (routed or capture_produce) else None)
+            self.table, cfg.max_frame_bytes, wanted if routed else None,
+            measure_produce=capture_produce)
         self._session = FetchSession()
         self._rack_key: tuple[str, str] | None = None
         self._client_rack: str | None = None
@@ -226,6 +222,11 @@ class ProxiedConnection(asyncio.Protocol):
     def _handle_requests(self, forward: Any, events: list[InFlight]) -> None:
         if self.requests.captured:
             self._read_captured()
+        if self.requests.measured:
+            measured, self.requests.measured = self.requests.measured, []
+            for entry in measured:
+                if entry.pending is not None:  # acks=0: its record waited for the frame
+                    self._capture_completed(entry)
         if events:
             stats = self.proxy.stats
             now = _now()
@@ -256,21 +257,10 @@ class ProxiedConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ fetch routing
     def _read_captured(self) -> None:
-        """Read the requests captured whole on their way upstream: produce requests for the
-        capture's per-partition bytes, consumer fetches for routing."""
+        """Read the consumer fetches captured whole on their way upstream, for routing."""
         captured, self.requests.captured = self.requests.captured, []
         for entry, frame in captured:
-            if entry.api_key == _PRODUCE:
-                try:
-                    header = parse_request_header(frame, 0, len(frame))
-                    entry.partitions = produce_partitions(frame, header.size,
-                                                          entry.api_version)
-                except (IndexError, ValueError, struct.error):
-                    pass  # captured without partitions
-                if entry.pending is not None:  # acks=0: its record waited for the frame
-                    self._capture_completed(entry)
-            else:
-                self._route_fetch(entry, frame)
+            self._route_fetch(entry, frame)
 
     def _route_fetch(self, entry: InFlight, frame: bytes) -> None:
         """Where the replica selector sends partitions of this consumer's fetch session
@@ -409,7 +399,7 @@ class ProxiedConnection(asyncio.Protocol):
             self.proxy.quotas.generation, self.proxy.quotas.produce_scale,
             _partition_rows(entry.partitions),
         )
-        if (entry.api_key == _FETCH and answered) or entry is self.requests.capturing:
+        if (entry.api_key == _FETCH and answered) or entry is self.requests.measuring:
             entry.pending = row
         else:
             capture.record(row)
@@ -530,7 +520,7 @@ class ProxiedConnection(asyncio.Protocol):
             self._connect_task.cancel()
         if self._unmute is not None:
             self._unmute.cancel()
-        for cut_short in (self.responses.in_progress, self.requests.capturing):
+        for cut_short in (self.responses.in_progress, self.requests.measuring):
             if cut_short is not None and cut_short.pending is not None:
                 cut_short.partitions = None
                 self._capture_completed(cut_short)

@@ -183,24 +183,3 @@ def test_topic_ids_are_raw_bytes() -> None:
     summary = parse_fetch_request(kio_encode(value), 0, 13)
     assert summary.topics == ((tid.bytes, (3,)),) and summary.rack_id == "b"
     assert summary.from_consumer
-
-
-PRODUCE = 0
-
-
-@pytest.mark.parametrize("version", list(range(3, 14)))
-@SETTINGS
-@given(data=st.data())
-def test_produce_partitions_match_kio(version: int, data: Any) -> None:
-    from protocol.produce import produce_partitions
-
-    value = data.draw(kio_values(load_request_schema(PRODUCE, version)))
-    body = kio_encode(value)
-    junk = data.draw(st.binary(max_size=5))
-    got = produce_partitions(junk + body, len(junk), version)
-    assert got == [
-        (_topic_key(version, t) if version >= 13 else t.name, p.index, len(p.records or b""))
-        for t in value.topic_data for p in t.partition_data]
-    with pytest.raises((IndexError, ValueError, struct.error)):
-        cut = data.draw(st.integers(0, len(body) - 1))
-        produce_partitions(body[:cut], 0, version)
