@@ -136,14 +136,37 @@ def throughput(rounds: int, messages: int) -> dict[str, object]:
     return interleaved(rounds, messages, {NO_QUOTAS: {}, QUOTAS: quotas})
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def round_args(doc: str, argv: list[str] | None) -> argparse.Namespace:
+    """--rounds, --messages and --quick, for the interleaved throughput benchmarks."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--quick", action="store_true", help="2 rounds of 50,000 messages")
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.messages = 2, 50_000
+    return args
+
+
+def report_ratio(label: str, tp: dict[str, object]) -> bool:
+    """Print the median per-round ratios of ``interleaved``; whether both meet 0.95."""
+    ratio = tp["ratio"]
+    assert isinstance(ratio, dict)
+    ok = all(v >= 0.95 for v in ratio.values())
+    print(f"  {label} (median of per-round ratios): produce {ratio['produce']:.2f}, fetch "
+          f"{ratio['fetch']:.2f}  (target >= 0.95): {'PASS' if ok else 'FAIL'}")
+    return ok
+
+
+def save_result(name: str, doc: dict[str, object]) -> None:
+    out = Path(__file__).parent / "results"
+    out.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    (out / f"{name}-{stamp}.json").write_text(json.dumps(doc, indent=2))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = round_args(__doc__, argv)
 
     print("quota path cost (QuotaManager.record, one budget per client-id):")
     cost = {n: record_cost_us(n) for n in (1_000, 10_000, 100_000)}
@@ -161,17 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, *WORKLOAD_FAILURES) as exc:
         print(f"throughput run failed: {exc}")
         return 1
-    ratio = tp["ratio"]
-    assert isinstance(ratio, dict)
-    ok = all(v >= 0.95 for v in ratio.values())
-    print(f"  quotas-not-binding / no-quotas (median of per-round ratios): produce "
-          f"{ratio['produce']:.2f}, fetch {ratio['fetch']:.2f}  (target >= 0.95): "
-          f"{'PASS' if ok else 'FAIL'}")
-    out = Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    (out / f"quota_bench-{stamp}.json").write_text(json.dumps(
-        {"record_cost_us": cost, "throughput": tp}, indent=2))
+    ok = report_ratio("quotas-not-binding / no-quotas", tp)
+    save_result("quota_bench", {"record_cost_us": cost, "throughput": tp})
     return 0 if ok and flat <= 2.0 else 1
 
 

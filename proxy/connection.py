@@ -31,6 +31,7 @@ from routing.selector import ClientMetadata
 
 if TYPE_CHECKING:
     from proxy.server import Proxy
+    from proxy.storage import StorageWatch
 
 log = get_logger("kafka_quota_proxy.connection")
 
@@ -155,13 +156,11 @@ class ProxiedConnection(asyncio.Protocol):
             self._limits = quotas.limits(self.user, self._client_id)
         return self._limits
 
-    def _hold_produce(self, data: bytes) -> bool:
+    def _hold_produce(self, storage: StorageWatch, data: bytes) -> bool:
         """While storage is paused, a produce request is neither read nor forwarded: it waits
         in the proxy, and the client is read no further, until producing may resume (a client
         that closes meanwhile takes it away: nothing reaches the broker twice)."""
-        storage = self.proxy.storage
-        if (storage is None or not storage.paused
-                or self.requests.next_api_key(data) != _PRODUCE
+        if (self.requests.next_api_key(data) != _PRODUCE
                 or storage.exempt(self.user, self._client_id)):
             return False
         self.requests.hold(data)
@@ -192,13 +191,16 @@ class ProxiedConnection(asyncio.Protocol):
         return not self.table or self._headroom()
 
     def data_received(self, data: bytes) -> None:
+        storage = self.proxy.storage
         while not self.closed:
-            if self._hold_produce(data):
-                return
-            storage = self.proxy.storage
             # While storage is paused, frames are read one at a time, so that none slips
             # past ``_hold_produce`` behind another in the same read.
-            limited = bool(self._limited) or (storage is not None and storage.paused)
+            paused = False
+            if storage is not None and storage.paused:
+                if self._hold_produce(storage, data):
+                    return
+                paused = True
+            limited = paused or bool(self._limited)
             try:
                 forward, events = self.requests.feed(data, stop_after_frame=limited)
             except ProtocolError as exc:

@@ -96,13 +96,16 @@ class QuotaEnforcer:
         for m in self.managers.values():
             m.update(settings)
 
+    def storage_exempt(self, user: str, client_id: str) -> bool:
+        """Never throttled by storage (``storage.exempt_users`` / ``exempt_client_ids``)."""
+        return user in self.exempt_users or client_id in self.exempt_client_ids
+
     def limits(self, user: str, client_id: str) -> frozenset[QuotaType]:
         """The quota types with a limit for this user and client-id."""
         m = self.manager(BOOTSTRAP_SCOPE)
         limited = frozenset(qt for qt in QuotaType if self._enabled[qt]
                             and m.resolve(qt, user, client_id).limit is not None)
-        if (self.produce_scale is not None and user not in self.exempt_users
-                and client_id not in self.exempt_client_ids):
+        if self.produce_scale is not None and not self.storage_exempt(user, client_id):
             limited |= {QuotaType.PRODUCE}
         return limited
 

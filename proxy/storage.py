@@ -50,11 +50,10 @@ class StorageWatch:
         self.bootstrap = [str(b) for b in bootstrap]
         self.known_brokers = known_brokers
         self.clock = clock
-        self.exempt_users = frozenset(config.exempt_users)
-        self.exempt_client_ids = frozenset(config.exempt_client_ids)
         self.pause_ms = config.pause_throttle_ms
-        quotas.configure_storage(config.unquoted_producer_byte_rate, self.exempt_users,
-                                 self.exempt_client_ids)
+        quotas.configure_storage(config.unquoted_producer_byte_rate,
+                                 frozenset(config.exempt_users),
+                                 frozenset(config.exempt_client_ids))
         self.caught_up = False  # the topic has been read to its end once
         self.connected = False
         self.verdict: Verdict = OPEN
@@ -69,13 +68,7 @@ class StorageWatch:
     # ------------------------------------------------------------------ state
     def evaluate(self) -> Verdict:
         """Decide the state now and apply it."""
-        if self.caught_up:
-            verdict = self.cluster.evaluate(self.clock(), self.known_brokers())
-        else:  # not read yet: nothing is known about any broker
-            known = tuple(sorted(self.known_brokers()))
-            on_missing = self.cluster.policy.on_missing
-            verdict = Verdict(on_missing, 0.0 if on_missing is State.PAUSE else 1.0, None, (),
-                              missing=known, fail_safe=True)
+        verdict = self.cluster.evaluate(self.clock(), self.known_brokers(), self.caught_up)
         previous = self.verdict
         self.verdict = verdict
         if verdict.state is State.OPEN:
@@ -97,7 +90,7 @@ class StorageWatch:
         return verdict
 
     def exempt(self, user: str, client_id: str | None) -> bool:
-        return user in self.exempt_users or (client_id or "") in self.exempt_client_ids
+        return self.quotas.storage_exempt(user, client_id or "")
 
     def park(self, conn: ProxiedConnection) -> None:
         """A producer's request waits until producing may resume."""

@@ -255,16 +255,19 @@ class ClusterVolumes:
         """A tombstone: the broker's record was deleted."""
         self.snapshots.pop(broker_id, None)
 
-    def evaluate(self, now_ms: int, known_brokers: Iterable[int] = ()) -> Verdict:
+    def evaluate(self, now_ms: int, known_brokers: Iterable[int] = (),
+                 read: bool = True) -> Verdict:
         """The state at ``now_ms`` (wall clock, ms) for ``known_brokers`` (from metadata;
-        when none are known yet, the brokers with snapshots)."""
-        known = sorted(set(known_brokers)) or sorted(self.snapshots)
+        when none are known yet, the brokers with snapshots). ``read`` False: the topic has
+        not been read yet, so nothing is known and the fail-safe applies."""
+        snapshots = self.snapshots if read else {}
+        known = sorted(set(known_brokers)) or sorted(snapshots)
         policy = self.policy
         stale: list[int] = []
         missing: list[int] = []
         verdicts: list[VolumeVerdict] = []
         for broker in known:
-            snap = self.snapshots.get(broker)
+            snap = snapshots.get(broker)
             if snap is None:
                 missing.append(broker)
                 continue
@@ -280,7 +283,7 @@ class ClusterVolumes:
         constrained = min(verdicts, key=lambda v: (-v.state.level, v.factor), default=None)
         state = constrained.state if constrained is not None else State.OPEN
         factor = constrained.factor if constrained is not None else 1.0
-        fail_safe = bool(stale or missing)
+        fail_safe = bool(stale or missing) or not read
         if fail_safe and policy.on_missing is State.PAUSE:
             state, factor = State.PAUSE, 0.0
         return Verdict(state, factor, constrained, tuple(verdicts), tuple(stale),

@@ -26,9 +26,7 @@ def plot_rates(rates: pd.DataFrame, limits: dict[str, float | None], path: Path)
     ax.set_ylabel("MB/s on one broker (dashed: quota)")
     ax.set_title("Rate vs quota, top entities")
     ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_throttles(histogram: pd.DataFrame, path: Path) -> None:
@@ -43,9 +41,7 @@ def plot_throttles(histogram: pd.DataFrame, path: Path) -> None:
     ax.set_xlabel("throttle time (ms)")
     ax.set_ylabel("throttled requests")
     ax.set_title("Throttle distribution")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_before_after(totals: pd.DataFrame, path: Path, label: str) -> None:
@@ -61,6 +57,10 @@ def plot_before_after(totals: pd.DataFrame, path: Path, label: str) -> None:
     ax.set_ylabel("time held back (s)")
     ax.set_title("Before / after")
     ax.legend(fontsize="small")
+    _save(fig, path)
+
+
+def _save(fig: Any, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -103,6 +103,17 @@ def _assert_each_once(keys: list[bytes], wanted: range) -> None:
     assert set(counts) == {b"k%06d" % i for i in wanted}
 
 
+def _read_each_once(bootstrap: str, topic: str, rack: str, wanted: range) -> None:
+    """A new consumer in ``rack`` reads the topic from the start: ``wanted``, each once."""
+    consumer = _consumer(bootstrap, topic, rack=rack)
+    keys: list[bytes] = []
+    try:
+        _consume(consumer, keys, len(wanted))
+    finally:
+        consumer.close()
+    _assert_each_once(keys, wanted)
+
+
 def test_brokers_racks_and_partition_layout(cluster: RackCluster) -> None:
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
     md = admin.list_topics(timeout=10)
@@ -128,14 +139,7 @@ def test_fetches_go_to_leaders_only(cluster: RackCluster) -> None:
     topic = f"rack-fetch-{uuid.uuid4().hex[:8]}"
     _create_topic(cluster, topic)
     _produce(cluster.bootstrap, topic, range(2000))
-
-    consumer = _consumer(cluster.bootstrap, topic, rack="b")
-    keys: list[bytes] = []
-    try:
-        _consume(consumer, keys, 2000)
-    finally:
-        consumer.close()
-    _assert_each_once(keys, range(2000))
+    _read_each_once(cluster.bootstrap, topic, "b", range(2000))
 
     fetched = cluster.fetch_response_bytes
     assert fetched[1] > 0 and fetched[3] > 0, fetched
@@ -176,13 +180,7 @@ def test_stop_node_moves_leadership(cluster: RackCluster) -> None:
 
     # And new ones too.
     _produce(cluster.bootstrap, topic, range(1000, 1500))
-    fresh = _consumer(cluster.bootstrap, topic, rack="a")
-    more: list[bytes] = []
-    try:
-        _consume(fresh, more, 1500)
-    finally:
-        fresh.close()
-    _assert_each_once(more, range(1500))
+    _read_each_once(cluster.bootstrap, topic, "a", range(1500))
 
 
 def test_broker_preferred_replica_redirects_to_rack(tansu: TansuBroker) -> None:
@@ -193,14 +191,7 @@ def test_broker_preferred_replica_redirects_to_rack(tansu: TansuBroker) -> None:
         topic = f"rack-prr-{uuid.uuid4().hex[:8]}"
         _create_topic(cluster, topic)
         _produce(cluster.bootstrap, topic, range(2000), value_size=200)
-
-        consumer = _consumer(cluster.bootstrap, topic, rack="b")
-        keys: list[bytes] = []
-        try:
-            _consume(consumer, keys, 2000)
-        finally:
-            consumer.close()
-        _assert_each_once(keys, range(2000))
+        _read_each_once(cluster.bootstrap, topic, "b", range(2000))
         fetched = cluster.fetch_response_bytes
         # The leaders (1 and 3) answered the first fetches with a redirect and no records.
         assert cluster.redirects[1] > 0 and cluster.redirects[3] > 0, cluster.redirects
@@ -208,13 +199,7 @@ def test_broker_preferred_replica_redirects_to_rack(tansu: TansuBroker) -> None:
 
         # A consumer in rack a is not redirected: it reads from the leaders.
         before = cluster.fetch_response_bytes
-        consumer = _consumer(cluster.bootstrap, topic, rack="a")
-        keys = []
-        try:
-            _consume(consumer, keys, 2000)
-        finally:
-            consumer.close()
-        _assert_each_once(keys, range(2000))
+        _read_each_once(cluster.bootstrap, topic, "a", range(2000))
         after = cluster.fetch_response_bytes
         assert after[2] == before[2], (before, after)
         assert after[1] > before[1] and after[3] > before[3], (before, after)

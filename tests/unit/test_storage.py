@@ -201,3 +201,15 @@ def test_message_follows_the_seed_schema() -> None:
 def test_malformed_messages_say_what_is_wrong(text: bytes, complaint: str) -> None:
     with pytest.raises(SnapshotError, match=complaint.replace("[", r"\[").replace("]", r"\]")):
         Snapshot.from_json(1, text)
+
+
+@pytest.mark.parametrize("on_missing", [State.PAUSE, State.OPEN])
+def test_before_the_topic_is_read_the_fail_safe_applies(on_missing: State) -> None:
+    cluster = ClusterVolumes(policy(on_missing))
+    cluster.update(snap(1, 0, 10))
+    for known in ([1, 2], []):  # with or without metadata yet
+        v = cluster.evaluate(0, known, read=False)
+        assert v.fail_safe and v.missing == tuple(known)
+        assert (v.state, v.factor) == ((State.PAUSE, 0.0) if on_missing is State.PAUSE
+                                       else (State.OPEN, 1.0))
+    assert not cluster.evaluate(0, [1]).fail_safe
