@@ -10,7 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from proxy import __version__
-from proxy.config import ConfigError, load_agent_config, load_config, summarize
+from proxy.config import (
+    ConfigError,
+    QuotasConfig,
+    load_agent_config,
+    load_config,
+    load_quotas_config,
+    summarize,
+)
 
 
 def _event_loop_runner(coro: Any) -> int:
@@ -94,9 +101,11 @@ def _cmd_volume_agent(args: argparse.Namespace) -> int:
     return _event_loop_runner(_run_volume_agent(args.config))
 
 
-def _load_quotas(path: str) -> Any:
+def _load_quotas(path: str, *, quota_only: bool = False) -> QuotasConfig | None:
+    """The ``quotas`` section of ``path``, or None after printing its errors. ``quota_only``:
+    a file with nothing but ``quotas:`` is accepted too (the what-if tools)."""
     try:
-        return load_config(path).quotas
+        return load_quotas_config(path) if quota_only else load_config(path).quotas
     except ConfigError as exc:
         print(f"{path}: invalid configuration:", file=sys.stderr)
         for line in exc.errors:
@@ -109,7 +118,7 @@ def _cmd_quotas_resolve(args: argparse.Namespace) -> int:
 
     from proxy.quotas_cli import resolve_json
 
-    quotas = _load_quotas(args.config)
+    quotas = _load_quotas(args.config, quota_only=True)
     if quotas is None:
         return 1
     print(json.dumps(resolve_json(quotas, args.user, args.client_id), indent=2))
@@ -119,7 +128,7 @@ def _cmd_quotas_resolve(args: argparse.Namespace) -> int:
 def _cmd_quotas_simulate(args: argparse.Namespace) -> int:
     from proxy.quotas_cli import run_simulate
 
-    quotas = _load_quotas(args.config)
+    quotas = _load_quotas(args.config, quota_only=True)
     if quotas is None:
         return 1
     if args.events == "-":
@@ -219,14 +228,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_demo)
     q = sub.add_parser("quotas", help="what-if tools over the proxy's quota engine")
     qsub = q.add_subparsers(dest="quotas_command", required=True, metavar="COMMAND")
+    config_help = ("YAML file with a quotas: section: a file with only quotas: is enough, or "
+                   "a full proxy configuration (then validated whole)")
     p = qsub.add_parser("resolve", help="which quota entity and limits apply to a user/client-id")
-    p.add_argument("--config", required=True, metavar="FILE")
+    p.add_argument("--config", required=True, metavar="FILE", help=config_help)
     p.add_argument("--user", default="ANONYMOUS", help="principal name (default ANONYMOUS)")
     p.add_argument("--client-id", default="", dest="client_id")
     p.set_defaults(func=_cmd_quotas_resolve)
     p = qsub.add_parser("simulate", help="run JSON-lines events through the quota engine and "
                         "print each record's throttle time")
-    p.add_argument("--config", required=True, metavar="FILE")
+    p.add_argument("--config", required=True, metavar="FILE", help=config_help)
     p.add_argument("--events", required=True, metavar="FILE", help="JSON lines, or - for stdin")
     p.set_defaults(func=_cmd_quotas_simulate)
 

@@ -458,6 +458,13 @@ class AgentFile(_Model):
         return self
 
 
+class QuotasFile(_Model):
+    """What ``quotas resolve|simulate`` read from a file holding nothing but a ``quotas``
+    section: an operator trying a quota change needs no listeners or upstream."""
+
+    quotas: QuotasConfig
+
+
 _WILDCARDS = {"", "0.0.0.0", "::", "*"}
 
 
@@ -506,8 +513,15 @@ def cross_checks(config: ProxyConfig) -> list[tuple[tuple[str | int, ...], str]]
                 f"metrics.listen port {listen.port} collides with a proxy listener",
             )
         )
+    problems.extend(quota_checks(config.quotas))
+    return problems
+
+
+def quota_checks(quotas: QuotasConfig) -> list[tuple[tuple[str | int, ...], str]]:
+    """Checks across the ``quotas`` section: each entity is configured once."""
+    problems: list[tuple[tuple[str | int, ...], str]] = []
     seen: dict[EntityKey, int] = {}
-    for i, entity in enumerate(config.quotas.entities):
+    for i, entity in enumerate(quotas.entities):
         key = entity.key()
         if key in seen:
             problems.append(
@@ -613,6 +627,9 @@ def _parse(text: str, source: str, model: type[_M]) -> _M:
     if isinstance(config, ProxyConfig):
         for loc, msg in cross_checks(config):
             report(loc, msg)
+    elif isinstance(config, QuotasFile):
+        for loc, msg in quota_checks(config.quotas):
+            report(loc, msg)
     if errors:
         raise ConfigError(errors)
     return config
@@ -626,17 +643,43 @@ def load_agent_config(path: str | Path) -> AgentFile:
     return _load(path, AgentFile)
 
 
+def parse_quotas(text: str, source: str = "<config>") -> QuotasConfig:
+    """The ``quotas`` section for the what-if tools. A file with nothing but ``quotas:`` is
+    validated alone; a file with other sections is validated as a full proxy configuration
+    (so its errors are still reported). Raises ``ConfigError`` with positioned messages."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return _parse(text, source, ProxyConfig).quotas  # reports the positioned syntax error
+    if data is None or data == {}:
+        raise ConfigError([
+            f"{source}: the file is empty: expected a quotas: section, alone or in a full "
+            "proxy configuration"])
+    if isinstance(data, dict) and set(data) == {"quotas"}:
+        return _parse(text, source, QuotasFile).quotas
+    return _parse(text, source, ProxyConfig).quotas
+
+
+def load_quotas_config(path: str | Path) -> QuotasConfig:
+    """``parse_quotas`` of a file: a quota-only file or a full proxy configuration."""
+    p = Path(path)
+    return parse_quotas(_read(p), str(p))
+
+
 def _load(path: str | Path, model: type[_M]) -> _M:
     p = Path(path)
+    return _parse(_read(p), str(p), model)
+
+
+def _read(p: Path) -> str:
     try:
-        text = p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError([f"{p}: cannot read: {exc.strerror or exc}"]) from None
     except UnicodeDecodeError as exc:
         raise ConfigError(
             [f"{p}: cannot read: not UTF-8 text (byte {exc.start}: {exc.reason})"]
         ) from None
-    return _parse(text, str(p), model)
 
 
 def summarize(config: ProxyConfig) -> str:

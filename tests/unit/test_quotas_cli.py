@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import ConfigError, parse_config
+from proxy.config import ConfigError, parse_config, parse_quotas
 from quota.entities import DEFAULT, EntityKey, QuotaType
 
 BASE = """listeners:
@@ -130,3 +130,121 @@ def test_simulate_reports_bad_events_with_their_line(config_file: Path) -> None:
     proc = _cli("quotas", "simulate", "--config", str(config_file), "--events", "-",
                 stdin='{"t_ms": 0, "quota": "bogus", "value": 1}\n')
     assert proc.returncode == 1 and "unknown quota 'bogus'" in proc.stderr
+
+
+# ------------------------------------------------- a file with only a quotas: section
+
+
+@pytest.fixture
+def quota_file(tmp_path: Path) -> Path:
+    path = tmp_path / "quotas.yaml"
+    path.write_text(QUOTAS)
+    return path
+
+
+def test_resolve_accepts_a_file_with_only_quotas(quota_file: Path) -> None:
+    proc = _cli("quotas", "resolve", "--config", str(quota_file), "--user", "bob",
+                "--client-id", "app")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["limits"] == {"producer_byte_rate": 1048576, "consumer_byte_rate": 5242880,
+                             "request_percentage": 50}
+    assert out["producer_byte_rate"]["entity"] == "clients/<default>"
+    proc = _cli("quotas", "resolve", "--config", str(quota_file), "--user", "alice",
+                "--client-id", "clientA")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["limits"] == {
+        "producer_byte_rate": 10485760, "consumer_byte_rate": 5242880, "request_percentage": 50}
+
+
+def test_simulate_accepts_a_file_with_only_quotas(quota_file: Path) -> None:
+    events = [{"t_ms": 0, "client_id": "c1", "quota": "produce", "value": 15_000_000},
+              {"t_ms": 0, "user": "alice", "client_id": "clientA", "quota": "produce",
+               "value": 1}]
+    proc = _cli("quotas", "simulate", "--config", str(quota_file), "--events", "-",
+                stdin="\n".join(json.dumps(e) for e in events) + "\n")
+    assert proc.returncode == 0, proc.stderr
+    first, second = (json.loads(x) for x in proc.stdout.splitlines())
+    assert first["limit"] == 1048576 and first["entity"] == "clients/<default>"
+    assert first["throttle_ms"] == round((1_500_000 - 1048576) / 1048576 * 10_000)
+    assert second["limit"] == 10485760 and second["throttle_ms"] == 0
+
+
+def test_quota_only_file_settings_match_the_full_config() -> None:
+    assert parse_quotas(QUOTAS) == parse_config(BASE + QUOTAS).quotas
+    assert parse_quotas(BASE + QUOTAS) == parse_config(BASE + QUOTAS).quotas
+    assert parse_quotas("quotas: {}\n").entities == []
+
+
+def test_quota_only_file_reports_a_bad_value_at_its_line(tmp_path: Path) -> None:
+    text = ("# what if bob had no quota\nquotas:\n  entities:\n"
+            "    - {user: bob, producer_byte_rate: 0}\n")
+    with pytest.raises(ConfigError) as info:
+        parse_quotas(text, "q.yaml")
+    assert info.value.errors == [
+        "q.yaml:4:19: quotas.entities.0.producer_byte_rate: Input should be greater than 0"]
+    with pytest.raises(ConfigError) as info:  # as the full-config loader reports it
+        parse_config(BASE + text, "q.yaml")
+    assert info.value.errors == [
+        "q.yaml:10:19: quotas.entities.0.producer_byte_rate: Input should be greater than 0"]
+    path = tmp_path / "q.yaml"
+    path.write_text(text)
+    for command in (["resolve"], ["simulate", "--events", "-"]):
+        proc = _cli("quotas", *command, "--config", str(path), stdin="")
+        assert proc.returncode == 1
+        assert f"{path}:4:19: quotas.entities.0.producer_byte_rate: Input should be greater " \
+            "than 0" in proc.stderr, proc.stderr
+        assert "listeners" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("quotas:\n  window: {samples: 0}\n",
+         "q.yaml:2:12: quotas.window.samples: Input should be greater than or equal to 1"),
+        ("quotas:\n  colour: red\n", "q.yaml:2:3: quotas.colour: unknown key"),
+        ("quotas:\n  entities:\n    - {user: bob, producer_byte_rate: 1}\n"
+         "    - {user: bob, consumer_byte_rate: 1}\n",
+         "q.yaml:4:7: quotas.entities.1: entity users/bob is already configured at "
+         "quotas.entities.0"),
+        ("quotas: {}\nquotas: {}\n", "q.yaml:2:1: quotas: duplicate key"),
+        ("quotas:\n  entities: [\n", "q.yaml:3:1: YAML syntax error"),
+    ],
+)
+def test_quota_only_file_errors(text: str, error: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_quotas(text, "q.yaml")
+    (got,) = info.value.errors
+    assert got.startswith(error), got
+
+
+def test_a_file_with_other_sections_is_validated_as_a_full_config() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_quotas("logging: {level: debug}\n" + QUOTAS, "q.yaml")
+    assert "q.yaml:1:1: listeners: required field is missing" in info.value.errors
+    bad_listener = BASE.replace('"9193-9292"', '"9192-9292"')
+    with pytest.raises(ConfigError) as info:
+        parse_quotas(bad_listener + QUOTAS, "q.yaml")
+    assert info.value.errors == [
+        "q.yaml:4:3: listeners.broker_ports: bootstrap port 9192 lies inside broker_ports "
+        "9192-9292"]
+
+
+@pytest.mark.parametrize("text", ["", "# nothing yet\n", "{}\n"])
+def test_an_empty_file_is_a_clear_error(tmp_path: Path, text: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_quotas(text, "q.yaml")
+    assert info.value.errors == [
+        "q.yaml: the file is empty: expected a quotas: section, alone or in a full proxy "
+        "configuration"]
+    path = tmp_path / "empty.yaml"
+    path.write_text(text)
+    proc = _cli("quotas", "resolve", "--config", str(path))
+    assert proc.returncode == 1 and "the file is empty" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("command", ["resolve", "simulate"])
+def test_help_says_a_quota_only_file_is_enough(command: str) -> None:
+    proc = _cli("quotas", command, "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "only quotas:" in " ".join(proc.stdout.split())
