@@ -52,8 +52,8 @@ class Sensor:
             bound = self.bound
         if bound is None:
             return True
-        window = self.rate.window_size_ms(now_ms)
-        return (self.rate.total() + self.in_flight) * 1000.0 / window < bound
+        total, window = self.rate.peek(now_ms)
+        return (total + self.in_flight) * 1000.0 / window < bound
 
 
 def percent_of_thread(request_time_ms: float) -> float:

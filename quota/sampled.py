@@ -5,9 +5,16 @@
 - ``record(v, t)``: if the current sample is complete (``t - start >= window_ms``) advance to
   the next slot and reset it with ``start = t`` (windows start at the first record, not on
   aligned boundaries); add ``v``; set that sample's last-event time to ``t``.
-- ``measure(t)``: purge (reset with start = t) every sample whose last event is at least
-  ``samples * window_ms`` old; ``W = t - min(start)``, padded to ``(samples - 1)`` full windows
-  when fewer have elapsed, at least 1 ms; rate = sum / (W in seconds).
+- ``record_and_measure(v, t)``: the quota check after a record: purge (reset with start = t)
+  every sample whose last event is at least ``samples * window_ms`` old; ``W = t - min(start)``,
+  padded to ``(samples - 1)`` full windows when fewer have elapsed, at least 1 ms;
+  rate = sum / (W in seconds).
+
+Only recording changes the state. ``measure``, ``window_size_ms`` and ``peek`` give what a
+purge at ``t`` would give, without purging, and never create the first sample: in Kafka a JMX
+read purges too, and moves the window starts a later record sees, so a throttle would depend on
+when the metrics were scraped. Here it depends only on what was recorded, and a replay of the
+recorded requests gives every throttle the proxy gave.
 """
 
 from __future__ import annotations
@@ -69,17 +76,35 @@ class SampledRate:
                 self._values[i] = 0.0
         self._floor = min(last)
 
-    def window_size_ms(self, now_ms: int) -> int:
-        """Kafka's ``Rate.windowSize``: the W the rate and the throttle time use."""
-        if not self._starts:
-            self._ensure(now_ms)
-        if now_ms - self._floor >= self.samples * self.window_ms:
-            self._purge(now_ms)
-        elapsed = now_ms - min(self._starts)
+    def peek(self, now_ms: int) -> tuple[float, int]:
+        """``(sum of the samples, W in ms)`` as the quota check at ``now_ms`` would see them,
+        as if the samples due were purged then; changes nothing."""
+        starts = self._starts
+        if not starts:
+            elapsed = 0
+            total = 0.0
+        elif now_ms - self._floor >= self.samples * self.window_ms:
+            expire = self.samples * self.window_ms
+            last, values = self._last, self._values
+            oldest = now_ms
+            total = 0.0
+            for i in range(len(starts)):
+                if now_ms - last[i] < expire:
+                    total += values[i]
+                    if starts[i] < oldest:
+                        oldest = starts[i]
+            elapsed = now_ms - oldest
+        else:
+            elapsed = now_ms - min(starts)
+            total = sum(self._values)
         full = elapsed // self.window_ms
         if full < self.samples - 1:
             elapsed += (self.samples - 1 - full) * self.window_ms
-        return max(elapsed, 1)
+        return total, max(elapsed, 1)
+
+    def window_size_ms(self, now_ms: int) -> int:
+        """Kafka's ``Rate.windowSize``: the W the rate and the throttle time use (a pure read)."""
+        return self.peek(now_ms)[1]
 
     def record_and_measure(self, value: float, now_ms: int) -> tuple[float, int]:
         """``record(value, now_ms)`` then ``measure(now_ms)``, in one call: the quota engine's
@@ -114,9 +139,14 @@ class SampledRate:
         return sum(values) * 1000.0 / elapsed, elapsed
 
     def measure(self, now_ms: int) -> tuple[float, int]:
-        """``(rate per second, W in ms)`` at ``now_ms``."""
-        window = self.window_size_ms(now_ms)
-        return sum(self._values) * 1000.0 / window, window
+        """``(rate per second, W in ms)`` at ``now_ms`` (a pure read: see the module's doc)."""
+        total, window = self.peek(now_ms)
+        return total * 1000.0 / window, window
+
+    def purge(self, now_ms: int) -> None:
+        """Reset the samples due at ``now_ms``, as the quota check after a record does."""
+        if self._starts:
+            self._purge(now_ms)
 
     def total(self) -> float:
         return sum(self._values)

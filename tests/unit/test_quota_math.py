@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from array import array
 
 import pytest
 from hypothesis import given, settings
@@ -154,12 +155,46 @@ def test_greedy_client_obeying_throttles_converges_to_quota(samples: int, quota:
        steps=st.lists(st.tuples(st.floats(0, 1e7), st.integers(0, 5000)), max_size=80))
 def test_record_and_measure_is_record_then_measure(samples: int, window_ms: int,
                                                    steps: list[tuple[float, int]]) -> None:
-    """The engine's one-call path keeps the two-call semantics exactly, state included."""
+    """The engine's one-call path is record, the quota check's purge, then measure, state
+    included."""
     apart, together = SampledRate(samples, window_ms), SampledRate(samples, window_ms)
     now = 1_000_000
     for value, gap in steps:
         now += gap
         apart.record(value, now)
+        apart.purge(now)
         assert together.record_and_measure(value, now) == apart.measure(now)
         assert (apart._starts, apart._last, apart._values, apart._current) == (
             together._starts, together._last, together._values, together._current)
+
+
+def _state(r: SampledRate) -> tuple[object, ...]:
+    return (list(r._starts), list(r._last), list(r._values), r._current, r._floor)
+
+
+@settings(max_examples=300, deadline=None)
+@given(samples=st.integers(1, 12), window_ms=st.integers(1, 2000),
+       steps=st.lists(st.tuples(st.floats(0, 1e7), st.integers(0, 5000),
+                                st.lists(st.integers(0, 30_000), max_size=3)), max_size=60))
+def test_reads_are_pure(samples: int, window_ms: int,
+                        steps: list[tuple[float, int, list[int]]]) -> None:
+    """``measure``, ``window_size_ms`` and ``peek`` change nothing, at any time (even before
+    the first record, or long after the last), and give what the quota check would measure
+    after purging at that time."""
+    r = SampledRate(samples, window_ms)
+    now = 1_000_000
+    for value, gap, reads in steps:
+        for ahead in reads:
+            before = _state(r)
+            rate, window = r.measure(now + ahead)
+            assert r.window_size_ms(now + ahead) == window
+            assert r.peek(now + ahead) == (pytest.approx(rate * window / 1000.0), window)
+            assert _state(r) == before
+            if r._starts:  # what the purge at that time would make of it
+                purged = SampledRate(samples, window_ms)
+                purged._starts, purged._last = array("q", r._starts), array("q", r._last)
+                purged._values, purged._floor = array("d", r._values), r._floor
+                purged.purge(now + ahead)
+                assert purged.measure(now + ahead) == (rate, window)
+        now += gap
+        r.record_and_measure(value, now)
