@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from quota.entities import EntityKey, QuotaType, Resolution, Tags, quota_limit, resolve
 from quota.sampled import SampledRate
-from quota.throttle import throttle_time_ms
+from quota.throttle import java_round, throttle_time_ms
 
 ONE_HOUR_MS = 3_600_000
 
@@ -44,6 +44,10 @@ class Sensor:
     # Values read but not yet recorded (produce requests awaiting their response): the proxy
     # keeps reading a client only while the rate counting them stays below the bound.
     in_flight: float = 0.0
+    # While storage scaling applies to this (produce) budget: the time up to which what it
+    # recorded is paid for at the scaled bound (``QuotaManager._paced_throttle``); None when
+    # it did not apply at the budget's last record.
+    paced_until: float | None = None
 
     def headroom(self, now_ms: int, bound: float | None = None) -> bool:
         """Whether the rate, counting the values in flight as if recorded now, is below the
@@ -134,12 +138,10 @@ class QuotaManager:
             sensor = self.sensor(quota_type, user, client_id, now_ms)
         sensor.last_record_ms = now_ms
         bound = sensor.bound
-        scaled = False
-        if self.produce_scale is not None and quota_type is QuotaType.PRODUCE:
-            scaled = not self.storage_exempt(user, client_id)
-            bound = self.produce_bound(bound, user, client_id)
-            if bound is not None and bound <= 0:
-                bound = None
+        if quota_type is QuotaType.PRODUCE:
+            if self.produce_scale is not None and not self.storage_exempt(user, client_id):
+                return self._paced_throttle(sensor, value, now_ms, user, client_id)
+            sensor.paced_until = None
         if bound is None:
             sensor.rate.record(value, now_ms)
             return 0
@@ -147,14 +149,44 @@ class QuotaManager:
         if rate <= bound:
             return 0
         cap = None
-        if quota_type is QuotaType.REQUEST or self.settings.cap_byte_rate_throttle or scaled:
-            # A bound scaled down for storage may fall far below the rate just measured: a
-            # producer is slowed, but never held back more than one window at a time.
+        if quota_type is QuotaType.REQUEST or self.settings.cap_byte_rate_throttle:
             cap = self.settings.window_ms
         throttle = throttle_time_ms(rate, bound, window, cap)
         if throttle:
             sensor.throttled_requests += 1
             sensor.throttle_ms_total += throttle
+        return throttle
+
+    def _paced_throttle(self, sensor: Sensor, value: float, now_ms: int, user: str,
+                        client_id: str) -> int:
+        """The throttle of a produce budget while storage scaling applies to it.
+
+        Each request is paid for at the scaled bound T: the budget is paced up to
+        ``max(paced_until, now) + value / T``, and the throttle is what lies beyond one
+        window from now (one window of bytes at T may go at once, as Kafka's window allows).
+        Whatever the request size, the rate over any span is T plus at most that one window.
+        Kafka's sampled rate cannot promise that: a request of more than (N-1) windows of
+        bytes at T is purged from the samples before its throttle is over, so with few
+        windows large batches go through faster than T; and capping its throttle at a window
+        lets one batch through per window whatever T. The pacing starts afresh when scaling
+        begins, so what a producer sent before, at the rate allowed then, freezes nothing. The
+        sampled rate still records (metrics, and Kafka's throttle once scaling ends). Only
+        what was recorded, and when, decides the throttle: a replay gives the same."""
+        sensor.rate.record(value, now_ms)
+        bound = self.produce_bound(sensor.bound, user, client_id)
+        paced = sensor.paced_until
+        if paced is None or paced < now_ms:
+            paced = now_ms
+        if bound is None or bound <= 0:  # paused: the proxy admits nothing; nothing is owed
+            sensor.paced_until = paced
+            return 0
+        paced += value * 1000.0 / bound
+        sensor.paced_until = paced
+        throttle = java_round(paced - now_ms - self.settings.window_ms)
+        if throttle <= 0:
+            return 0
+        sensor.throttled_requests += 1
+        sensor.throttle_ms_total += throttle
         return throttle
 
     def storage_exempt(self, user: str, client_id: str) -> bool:
@@ -168,9 +200,19 @@ class QuotaManager:
         return (self.unquoted_produce_bound if bound is None else bound) * scale
 
     def produce_headroom(self, user: str, client_id: str, now_ms: int) -> bool:
-        """``Sensor.headroom`` of this client's produce budget, under the bound in force."""
+        """``Sensor.headroom`` of this client's produce budget, under the bound in force;
+        while storage scaling paces it: whether the requests in flight, once recorded, would
+        still not be throttled."""
         sensor = self.sensor(QuotaType.PRODUCE, user, client_id, now_ms)
-        return sensor.headroom(now_ms, self.produce_bound(sensor.bound, user, client_id))
+        bound = self.produce_bound(sensor.bound, user, client_id)
+        if self.produce_scale is None or self.storage_exempt(user, client_id):
+            return sensor.headroom(now_ms, bound)
+        if bound is None or bound <= 0:
+            return False
+        paced = sensor.paced_until
+        if paced is None or paced < now_ms:
+            paced = now_ms
+        return paced + sensor.in_flight * 1000.0 / bound - now_ms < self.settings.window_ms
 
     def expire(self, now_ms: int) -> int:
         """Drop sensors with no record for ``idle_expiry_ms``; return how many."""

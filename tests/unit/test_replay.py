@@ -143,7 +143,8 @@ def test_the_storage_factor_a_request_records_is_applied_in_every_replay() -> No
     full = [t.produce_ms for t in replay(burst("c", 1.0), no_quotas, storage=storage)]
     assert any(halved) and halved.index(next(t for t in halved if t)) < full.index(
         next(t for t in full if t))
-    assert max(halved) <= 1000  # capped at one window while scaled
+    # Paced at 5,000 B/s: 20 x 2,000 B over 190 ms are paid for 8 s, less the free window.
+    assert halved[-1] == 8000 - 190 - 1000
     assert not any(t.produce_ms for t in replay(burst("agent", 0.5), no_quotas,
                                                 storage=storage))
     assert not any(t.produce_ms for t in replay(burst("c", 0.0), no_quotas, storage=storage))

@@ -4,6 +4,10 @@ request stream holding a produce request unread."""
 
 from __future__ import annotations
 
+import itertools
+
+import pytest
+
 from protocol.correlation import CorrelationTable
 from protocol.stream import RequestStream
 from proxy.quotas import QuotaEnforcer
@@ -33,13 +37,17 @@ def test_produce_bounds_scale_with_the_factor() -> None:
     assert m.produce_bound(8.0, "u", "other") == 4.0
 
 
-def test_a_scaled_quota_throttles_sooner_and_at_most_one_window() -> None:
+def test_a_scaled_quota_throttles_sooner_and_pays_for_every_byte() -> None:
     full, half = QuotaManager(SETTINGS), QuotaManager(SETTINGS)
     half.produce_scale = 0.5
     t_full, t_half = throttles(full, "u", "quoted"), throttles(half, "u", "quoted")
     first = lambda ts: next(i for i, t in enumerate(ts) if t > 0)  # noqa: E731
     assert first(t_half) < first(t_full)
-    assert max(t_half) <= 1000  # capped at one window while scaled
+    # Paced at 5,000 B/s with one window (1 s) of bytes free: 30 x 1,000 B sent over 290 ms
+    # are paid for 6 s from the first, so the last is held back 6 - 0.29 - 1 s; no cap at
+    # one window lets the next batch through early.
+    assert t_half[-1] == 6000 - 290 - 1000
+    assert [t for t in t_half if t] == list(range(t_half[first(t_half)], t_half[-1] + 1, 190))
     # A producer with no quota is not limited, unless storage scaling is on.
     free, based = QuotaManager(SETTINGS), QuotaManager(SETTINGS)
     based.produce_scale, based.unquoted_produce_bound = 1.0, 10_000.0
@@ -47,6 +55,62 @@ def test_a_scaled_quota_throttles_sooner_and_at_most_one_window() -> None:
     assert any(throttles(based, "u", "other"))
     based.exempt_users = frozenset({"agent"})
     assert not any(throttles(based, "agent", "other2"))
+
+
+def _greedy(batch: int, samples: int = 3, factor: float = 0.5, base: float = 400_000.0,
+            wire: float = 4_000_000.0) -> tuple[list[tuple[float, int]], float]:
+    """A producer with no quota sends ``batch``-byte requests back to back (at ``wire`` B/s)
+    for 4 s, then storage scaling begins and it waits out each throttle: (time, bytes) of
+    each request, and when scaling began (ms)."""
+    m = QuotaManager(QuotaSettings(samples=samples, window_ms=1000))
+    m.unquoted_produce_bound = base
+    t, begins, sent = 0.0, 4000.0, []
+    while t < begins + 40_000:
+        if t >= begins:
+            m.produce_scale = factor
+        throttle = m.record(P, "u", "producer", batch, int(t))
+        sent.append((t, batch))
+        t += max(throttle, batch * 1000 / wire)
+    return sent, begins
+
+
+@pytest.mark.parametrize("batch", [16_384, 65_536, 262_144, 1_000_000])
+@pytest.mark.parametrize("samples", [3, 11])
+def test_scaled_rate_holds_whatever_the_batch_size(batch: int, samples: int) -> None:
+    """Over 14 s the producer gets the scaled rate (+-10%), from 16 KB to 1 MB requests (which
+    Kafka's sampled rate over 3 x 1 s windows lets through at 1.7x, and a throttle capped at
+    one window at several times the rate); it is never frozen longer than one window beyond
+    what its own request costs at the scaled rate."""
+    sent, begins = _greedy(batch, samples)
+    target = 0.5 * 400_000
+
+    def rate(start: float) -> float:  # from one request to the first 14 s or more later
+        times = [t for t, _ in sent if t >= start]
+        end = next(t for t in times if t >= times[0] + 14_000)
+        return sum(n for t, n in sent if times[0] <= t < end) / ((end - times[0]) / 1000)
+
+    assert rate(begins + 3000) == pytest.approx(target, rel=0.10)
+    gaps = [b - a for (a, _), (b, _) in itertools.pairwise(sent) if a >= begins]
+    cost = batch * 1000 / target  # what one request costs at the scaled rate (ms)
+    wire = batch * 1000 / 4_000_000
+    assert gaps[0] <= max(cost - 1000, wire) + 1  # when scaling begins: not frozen at all
+    assert max(gaps) <= max(cost, wire) + 1  # then: each request, its own cost
+    before = [t for t, _ in sent if t < begins]
+    assert begins - before[-1] < 1000 and sum(n for t, n in sent if t < begins) > 4 * target
+
+
+def test_pacing_is_kept_across_factor_changes_and_starts_afresh_after_open() -> None:
+    m = QuotaManager(SETTINGS)
+    m.unquoted_produce_bound = 10_000.0
+    m.produce_scale = 0.5
+    assert m.record(P, "u", "c", 10_000, 0) == 1000  # 2 s paid for: 1 s beyond the free window
+    m.produce_scale = 0.25  # a new factor keeps what is owed, at the new rate from now on
+    assert m.record(P, "u", "c", 2_500, 0) == 2000
+    m.produce_scale = None  # OPEN: no pacing (no quota: unlimited)
+    assert m.record(P, "u", "c", 100_000, 10) == 0
+    m.produce_scale = 0.5  # THROTTLE again: the bytes sent while open cost nothing now
+    assert m.record(P, "u", "c", 5_000, 20) == 0
+    assert m.record(P, "u", "c", 5_000, 20) == 1000
 
 
 def test_paused_the_engine_throttles_nothing_and_has_no_headroom() -> None:
