@@ -578,6 +578,85 @@ def _mark_for(loc: tuple[Any, ...], marks: dict[tuple[Any, ...], yaml.Mark]) -> 
     return marks.get(())
 
 
+# Bounds on a configuration file, so that a broken or hostile one costs little to refuse: its
+# size, how deeply its collections nest, and how many nodes it holds once every alias is
+# expanded (an alias bomb of a few hundred bytes otherwise expands to gigabytes as it is
+# validated). Each is far beyond any real configuration.
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_DEPTH = 64
+MAX_CONFIG_NODES = 200_000
+
+
+class ConfigTooLarge(yaml.composer.ComposerError):
+    """A file past one of the bounds above."""
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with ``MAX_CONFIG_DEPTH`` on nesting, checked as it composes
+    (deep nesting would otherwise exhaust Python's stack)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_CONFIG_DEPTH:
+                event = self.peek_event()  # type: ignore[no-untyped-call]
+                raise ConfigTooLarge(
+                    None, None, f"collections nested deeper than {MAX_CONFIG_DEPTH} levels",
+                    event.start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """How many nodes ``root`` holds with every alias expanded (shared nodes counted each time
+    they are referred to), without expanding anything: each node's size is computed once."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in sizes:
+            continue
+        if isinstance(node, yaml.ScalarNode):
+            sizes[id(node)] = 1
+            continue
+        children = ([n for pair in node.value for n in pair]
+                    if isinstance(node, yaml.MappingNode) else list(node.value))
+        if children_done:
+            total = 1
+            for child in children:
+                total += sizes[id(child)]
+                if total > MAX_CONFIG_NODES:
+                    break
+            sizes[id(node)] = total
+            continue
+        stack.append((node, True))
+        stack.extend((child, False) for child in children if id(child) not in sizes)
+    return sizes[id(root)]
+
+
+def _load_yaml(text: str) -> tuple[yaml.Node | None, Any]:
+    """The document's node tree (for positions) and its data, within the bounds above."""
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigTooLarge(None, None, f"larger than {MAX_CONFIG_BYTES} bytes", None)
+    loader = _BoundedLoader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            return None, None
+        if _expanded_size(root) > MAX_CONFIG_NODES:
+            raise ConfigTooLarge(
+                None, None, f"more than {MAX_CONFIG_NODES} values once its aliases are "
+                "expanded", root.start_mark)
+        return root, loader.construct_document(root)
+    finally:
+        loader.dispose()
+
+
 def parse_config(text: str, source: str = "<config>") -> ProxyConfig:
     """Parse and validate configuration text. Raises ``ConfigError`` with positioned messages."""
     return _parse(text, source, ProxyConfig)
@@ -589,13 +668,13 @@ _M = TypeVar("_M", bound=BaseModel)
 def _parse(text: str, source: str, model: type[_M]) -> _M:
     errors: list[str] = []
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        root, data = _load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
         problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError([f"{where}: YAML syntax error: {problem}"]) from None
+        kind = "refused" if isinstance(exc, ConfigTooLarge) else "YAML syntax error"
+        raise ConfigError([f"{where}: {kind}: {problem}"]) from None
     marks: dict[tuple[Any, ...], yaml.Mark] = {}
     if root is not None:
         _positions(root, (), marks, errors, source)
@@ -648,7 +727,7 @@ def parse_quotas(text: str, source: str = "<config>") -> QuotasConfig:
     validated alone; a file with other sections is validated as a full proxy configuration
     (so its errors are still reported). Raises ``ConfigError`` with positioned messages."""
     try:
-        data = yaml.safe_load(text)
+        data = _load_yaml(text)[1]
     except yaml.YAMLError:
         return _parse(text, source, ProxyConfig).quotas  # reports the positioned syntax error
     if data is None or data == {}:
@@ -673,7 +752,11 @@ def _load(path: str | Path, model: type[_M]) -> _M:
 
 def _read(p: Path) -> str:
     try:
-        return p.read_text(encoding="utf-8")
+        with p.open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError([f"{p}: larger than {MAX_CONFIG_BYTES} bytes"])
+        return raw.decode("utf-8")
     except OSError as exc:
         raise ConfigError([f"{p}: cannot read: {exc.strerror or exc}"]) from None
     except UnicodeDecodeError as exc:

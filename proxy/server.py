@@ -67,6 +67,7 @@ class Proxy:
         self.draining = False
         self._drained = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._reload_lock = asyncio.Lock()
         self._metrics_server: asyncio.AbstractServer | None = None
         self._bootstrap_rr = 0
         self.cluster_reachable = asyncio.Event()
@@ -223,18 +224,34 @@ class Proxy:
                          s.throttled_requests, s.throttle_ms_total))
         return rows
 
-    def reload(self) -> bool:
-        """Re-read the config file; apply its quotas to live budgets. An invalid file changes
-        nothing. Other sections need a restart to take effect."""
+    def reload(self) -> None:
+        """SIGHUP: reload in the background (see ``reload_config``)."""
+        self._spawn(self.reload_config())
+
+    async def reload_config(self) -> bool:
+        """Re-read the config file; apply its quotas to live budgets. The file is read and
+        parsed off the event loop, within the loader's bounds (size, nesting, aliases), so a
+        broken or hostile file costs clients nothing. Whatever goes wrong changes nothing, and
+        is logged and counted as a failed reload. Other sections need a restart to take
+        effect. Reloads run one at a time."""
         if self.config_path is None:
             return False
-        try:
-            new = load_config(self.config_path)
-        except ConfigError as exc:
-            self.stats.reloads["failure"] += 1
-            log.error("config_reload_failed", file=self.config_path, errors=exc.errors)
-            return False
-        self.stats.reloads["success"] += 1
+        async with self._reload_lock:
+            try:
+                new = await asyncio.to_thread(load_config, self.config_path)
+                self._apply_reload(new)
+            except ConfigError as exc:
+                self.stats.reloads["failure"] += 1
+                log.error("config_reload_failed", file=self.config_path, errors=exc.errors)
+                return False
+            except Exception as exc:  # any failure is a failed reload
+                self.stats.reloads["failure"] += 1
+                log.error("config_reload_failed", file=self.config_path,
+                          errors=[f"{type(exc).__name__}: {exc}"[:500]])
+                return False
+        return True
+
+    def _apply_reload(self, new: ProxyConfig) -> None:
         ignored = [name for name in ProxyConfig.model_fields
                    if name != "quotas" and getattr(new, name) != getattr(self.config, name)]
         changed = new.quotas != self.config.quotas
@@ -243,10 +260,10 @@ class Proxy:
         self.config = self.config.model_copy(update={"quotas": new.quotas})
         if changed:
             self._write_quota_config()
+        self.stats.reloads["success"] += 1
         log.info("config_reloaded", file=self.config_path,
                  quota_entities=len(new.quotas.entities),
                  **({"restart_needed_for": ignored} if ignored else {}))
-        return True
 
     # ------------------------------------------------------------------ capture
     def _write_quota_config(self) -> None:
@@ -295,7 +312,7 @@ class Proxy:
             current = signature()
             if current is not None and current != seen:
                 seen = current
-                self.reload()
+                await self.reload_config()  # never raises: every failure is counted
 
     async def wait_listening(self) -> None:
         """Wait until every known broker's listener is serving."""
