@@ -1,8 +1,10 @@
 """Fetch v11+ (KIP-392): what a consumer asks for, and ``preferred_read_replica`` in the answer.
 
 ``parse_fetch_request`` walks a FetchRequest body by lengths and returns what fetch-from-
-follower routing needs: the partitions asked for, the fetch session (KIP-227), the forgotten
-partitions and the consumer's ``rack_id``. ``set_preferred_read_replicas`` sets
+follower routing needs: the partitions asked for (and where their ``partition_max_bytes``
+are), the fetch session (KIP-227), the forgotten partitions and the consumer's ``rack_id``.
+``ask_for_nothing`` patches a request in place, same size, so that the leader is asked for
+no bytes of the partitions the proxy redirects. ``set_preferred_read_replicas`` sets
 ``preferred_read_replica`` in chosen partitions of a FetchResponse and empties their records,
 as a Kafka leader does when its replica selector picks another replica: the consumer has not
 advanced, so it fetches the same offsets again from that replica. Everything else in the
@@ -16,7 +18,7 @@ tests check them against kio for every version.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -27,6 +29,7 @@ Buffer: TypeAlias = bytes | memoryview
 TopicKey: TypeAlias = str | bytes  # topic name (Fetch < v13) or topic id (v13+)
 FIRST_VERSION = 11  # rack_id and preferred_read_replica
 _REPLICA_STATE_TAG = 1  # v15+: ReplicaState {replica_id, replica_epoch} (followers only)
+FINAL_EPOCH = -1  # KIP-227: a full fetch that closes the session it names and opens none
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,10 +40,18 @@ class FetchRequestSummary:
     topics: tuple[tuple[TopicKey, tuple[int, ...]], ...]
     forgotten: tuple[tuple[TopicKey, tuple[int, ...]], ...]
     rack_id: str
+    body_at: int = 0  # where the body starts in the buffer parsed
+    # where each listed partition's partition_max_bytes is, in the order of ``topics``
+    max_bytes_at: tuple[int, ...] = ()
 
     @property
     def from_consumer(self) -> bool:
         return self.replica_id < 0
+
+    @property
+    def listed(self) -> tuple[tuple[TopicKey, int], ...]:
+        """The (topic, partition) pairs the request lists, in order (as ``max_bytes_at``)."""
+        return tuple((t, p) for t, parts in self.topics for p in parts)
 
 
 def read_length(buf: Buffer, pos: int, flexible: bool, classic: struct.Struct
@@ -80,6 +91,7 @@ def parse_fetch_request(buf: Buffer, pos: int, version: int) -> FetchRequestSumm
     if version < FIRST_VERSION:
         raise ValueError(f"Fetch v{version} has no rack_id")
     flexible = version >= 12
+    body_at = pos
     replica_id = -1
     if version < 15:
         replica_id = INT32.unpack_from(buf, pos)[0]
@@ -92,6 +104,7 @@ def parse_fetch_request(buf: Buffer, pos: int, version: int) -> FetchRequestSumm
     # log_start_offset, partition_max_bytes
     fixed = 4 + 4 + 8 + (4 if version >= 12 else 0) + 8 + 4
     topics = []
+    max_bytes_at = []
     n_topics, pos = _array_len(buf, pos, flexible)
     for _ in range(max(n_topics, 0)):
         topic, pos = read_topic(buf, pos, version, flexible)
@@ -100,6 +113,7 @@ def parse_fetch_request(buf: Buffer, pos: int, version: int) -> FetchRequestSumm
         for _ in range(max(n_parts, 0)):
             parts.append(INT32.unpack_from(buf, pos)[0])
             pos += fixed
+            max_bytes_at.append(pos - 4)
             if flexible:
                 pos = _skip_tags(buf, pos)
         if flexible:
@@ -124,8 +138,45 @@ def parse_fetch_request(buf: Buffer, pos: int, version: int) -> FetchRequestSumm
     if pos > len(buf):
         raise IndexError("fetch request truncated")
     return FetchRequestSummary(
-        replica_id, session_id, session_epoch, tuple(topics), tuple(forgotten), rack_id
+        replica_id, session_id, session_epoch, tuple(topics), tuple(forgotten), rack_id,
+        body_at, tuple(max_bytes_at),
     )
+
+
+def _limits_at(body_at: int, version: int) -> tuple[int, int, int]:
+    """Where min_bytes, max_bytes and session_epoch are: fixed offsets from the body start
+    (replica_id leads the body before v15; then max_wait_ms, min_bytes, max_bytes,
+    isolation_level, session_id, session_epoch)."""
+    min_bytes = body_at + (8 if version < 15 else 4)
+    return min_bytes, min_bytes + 4, min_bytes + 4 + 4 + 1 + 4
+
+
+def ask_for_nothing(
+    frame: Buffer,
+    summary: FetchRequestSummary,
+    version: int,
+    partitions: Container[tuple[TopicKey, int]],
+    *,
+    idle: bool = False,
+    close_session: bool = False,
+) -> bytes:
+    """``frame`` (the buffer ``summary`` was parsed from) with ``partition_max_bytes`` = 0 for
+    every listed partition in ``partitions``; with ``idle`` (nothing in the request is to be
+    read) also ``min_bytes`` = ``max_bytes`` = 0; with ``close_session`` ``session_epoch`` =
+    -1 (FINAL_EPOCH: the broker closes the session and answers the listed partitions without
+    one, and the client's next fetch is a full one). Every edit overwrites an INT32 in place:
+    the frame keeps its size and every other byte."""
+    out = bytearray(frame)
+    for key, at in zip(summary.listed, summary.max_bytes_at, strict=True):
+        if key in partitions:
+            INT32.pack_into(out, at, 0)
+    min_at, max_at, epoch_at = _limits_at(summary.body_at, version)
+    if idle:
+        INT32.pack_into(out, min_at, 0)
+        INT32.pack_into(out, max_at, 0)
+    if close_session:
+        INT32.pack_into(out, epoch_at, FINAL_EPOCH)
+    return bytes(out)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 from protocol.apis import ApiKey
 from protocol.correlation import CorrelationTable, InFlight
 from protocol.errors import ProtocolError
-from protocol.fetch import parse_fetch_request
+from protocol.fetch import ask_for_nothing, parse_fetch_request
 from protocol.headers import parse_request_header
 from protocol.rewrite import throttle_field
 from protocol.stream import RequestStream, ResponseStream
@@ -223,7 +223,7 @@ class ProxiedConnection(asyncio.Protocol):
 
     def _handle_requests(self, forward: Any, events: list[InFlight]) -> None:
         if self.requests.captured:
-            self._read_captured()
+            forward = self._read_captured(forward, events)
         if self.requests.measured:
             measured, self.requests.measured = self.requests.measured, []
             for entry in measured:
@@ -258,25 +258,43 @@ class ProxiedConnection(asyncio.Protocol):
         return None
 
     # ------------------------------------------------------------------ fetch routing
-    def _read_captured(self) -> None:
-        """Read the consumer fetches captured whole on their way upstream, for routing."""
+    def _read_captured(self, forward: Any, events: list[InFlight]) -> Any:
+        """Read the consumer fetches captured whole on their way upstream, for routing. A
+        fetch that asks the leader for nothing of some partitions is patched in ``forward``
+        (same size) when its whole frame is there (else it goes as the client sent it)."""
         captured, self.requests.captured = self.requests.captured, []
+        starts: dict[int, int] = {}
+        if not (self.requests.mid_frame and not self.requests.buffered):
+            # ``forward`` ends with the last frame read: the frames read now end to end
+            end = len(forward)
+            for event in reversed(events):
+                end -= event.request_size
+                starts[id(event)] = end + 4
+        out: bytearray | None = None
         for entry, frame in captured:
-            self._route_fetch(entry, frame)
+            at = starts.get(id(entry), -1)
+            whole = at >= 4 and forward[at : at + len(frame)] == frame
+            patched = self._route_fetch(entry, frame, whole)
+            if patched is not None:
+                if out is None:
+                    out = bytearray(forward)
+                out[at : at + len(patched)] = patched
+        return forward if out is None else out
 
-    def _route_fetch(self, entry: InFlight, frame: bytes) -> None:
+    def _route_fetch(self, entry: InFlight, frame: bytes, patchable: bool) -> bytes | None:
         """Where the replica selector sends partitions of this consumer's fetch session
-        elsewhere, have the response rewritten (see ``proxy.routing``)."""
+        elsewhere, have the response rewritten, and (``patchable``) return the request to
+        forward instead, asking the leader for nothing of them (see ``proxy.routing``)."""
         routing = self.proxy.routing
         try:
             header = parse_request_header(frame, 0, len(frame))
             summary = parse_fetch_request(frame, header.size, entry.api_version)
         except (IndexError, ValueError, struct.error):
             routing.unparsed_requests += 1
-            return
+            return None
         if not summary.from_consumer:  # Fetch v15+ carries the replica id in a tag
             entry.follower = True
-            return
+            return None
         cid = entry.client_id or ""
         rack_key = (summary.rack_id, cid)
         if rack_key != self._rack_key:
@@ -289,8 +307,18 @@ class ProxiedConnection(asyncio.Protocol):
             self._route_key = key
             client = ClientMetadata(self._client_rack, cid, self.peer, self.user)
             self._decisions = routing.decide(self.scope, client, session)
-        if self._decisions:
-            entry.route = routing.chooser(cid, self._decisions)
+        plan = routing.plan(cid, self._decisions, summary, session) if patchable else None
+        if plan is None:
+            if self._decisions:
+                entry.route = routing.chooser(cid, self._decisions)
+            return None
+        if plan.redirect:
+            entry.route = routing.chooser(cid, self._decisions, plan)
+        if not plan.patches:
+            return None
+        session.forwarded(summary.session_epoch, plan)
+        return ask_for_nothing(frame, summary, entry.api_version, plan.redirect,
+                               idle=plan.idle, close_session=plan.close_session)
 
     # ------------------------------------------------------------------ quotas
     def _reserve(self, entry: InFlight) -> None:

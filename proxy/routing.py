@@ -9,6 +9,13 @@ records of that partition (what a Kafka leader running a replica selector answer
 skips records that come with a preferred replica, and the consumer has not advanced, so it
 reads the same offsets from the replica).
 
+A Kafka leader that picks a preferred replica does not read the partition. So that the leader
+behind the proxy does not either, a full fetch is planned before it is forwarded
+(``routing.decide.plan_fetch``): the partitions to redirect are asked for 0 bytes (and the
+whole request for 0 bytes when nothing else is in it), and the response redirects exactly
+those. Incremental fetches are decided when their response comes, as their response may
+leave partitions out.
+
 A consumer that comes back to the leader for a partition soon after being sent away (the
 replica answered with an error, went away, or lost the data) is served by the leader for
 ``bounce_ms`` (librdkafka damps preferred-replica changes within 60 s the same way), so
@@ -23,7 +30,7 @@ from protocol.apis import ApiKey
 from protocol.fetch import FIRST_VERSION, FetchRequestSummary, TopicKey
 from proxy.quotas import now_ms
 from routing.client_rack import ClientRacks
-from routing.decide import FetchSession, PartitionKey, Router
+from routing.decide import FetchPlan, FetchSession, PartitionKey, Router, plan_fetch
 from routing.selector import ClientMetadata, LeaderSelector
 from routing.topology import Topology
 
@@ -113,11 +120,37 @@ class FetchRouting:
     def generation(self) -> tuple[int, int]:
         return self.topology.generation, self.router.generation
 
-    def chooser(self, client_id: str, decisions: dict[PartitionKey, int]) -> Any:
-        """The ``protocol.fetch.Chooser`` for one response."""
+    def _bounced(self, client_id: str, key: PartitionKey, now: int) -> bool:
+        """Back at the leader too soon after being sent away: the leader serves it."""
+        last = self._redirected.get((client_id, *key))
+        return last is not None and now - last < self.bounce_ms
+
+    def plan(self, client_id: str, decisions: dict[PartitionKey, int],
+             summary: FetchRequestSummary, session: FetchSession) -> FetchPlan | None:
+        """What the forwarded request asks the leader for (``session`` already updated with
+        ``summary``), or None to forward it as sent; see ``routing.decide.FetchPlan``."""
+        if not decisions and not session.zeroed:
+            return None
+        now = self.clock()
+
+        def verdict(key: PartitionKey, node: int | None) -> int | None:
+            return None if node is None or self._bounced(client_id, key, now) else node
+
+        plan = plan_fetch(summary.session_epoch, summary.listed, session, decisions, verdict)
+        if plan is not None:
+            self.decisions["bounced_to_leader"] += sum(
+                1 for key in set(summary.listed) if key in decisions and key not in plan.redirect)
+        return plan
+
+    def chooser(self, client_id: str, decisions: dict[PartitionKey, int],
+                plan: FetchPlan | None = None) -> Any:
+        """The ``protocol.fetch.Chooser`` for one response. For a planned fetch, the
+        partitions the request asked nothing of (``plan.redirect``), and only those, are
+        redirected: the others were asked for what the client wanted."""
 
         def choose(topic: TopicKey, partition: int, current: int) -> int | None:
-            node = decisions.get((topic, partition))
+            key = (topic, partition)
+            node = plan.redirect.get(key) if plan is not None else decisions.get(key)
             if current >= 0 and not self.proxy_decides:
                 if node is not None:
                     self.decisions["broker_choice_kept"] += 1
@@ -125,14 +158,12 @@ class FetchRouting:
             if node is None:
                 return None
             now = self.clock()
-            key = (client_id, topic, partition)
-            last = self._redirected.get(key)
-            if last is not None and now - last < self.bounce_ms:
+            if plan is None and self._bounced(client_id, key, now):
                 self.decisions["bounced_to_leader"] += 1
                 return None
             if len(self._redirected) > 100_000:
                 self._prune(now)
-            self._redirected[key] = now
+            self._redirected[(client_id, topic, partition)] = now
             self.decisions["preferred_replica"] += 1
             return node
 

@@ -15,6 +15,9 @@ the bytes go through unchanged, except:
   ``preferred_read_replica`` (and no records) for the partitions it picks, as a Kafka broker
   running a replica selector (KIP-392) does.
 
+What each node was asked for is recorded too (``fetch_asks``: every Fetch v11+ request's
+``min_bytes``, ``max_bytes`` and per-partition ``partition_max_bytes``, decoded by kio).
+
 ``stop_node`` makes a node go away like a dead broker. The forwarders run on an asyncio loop
 in a daemon thread; the public methods are called from the test thread.
 """
@@ -29,9 +32,10 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-from kio.index import load_entity_module
+from kio.index import load_entity_module, load_request_schema
 from kio.schema.index import api_key_map
 from kio.schema.types import BrokerId
+from kio.serial import entity_reader
 from kio.static.constants import EntityType
 from kio.static.primitive import i32
 
@@ -68,6 +72,31 @@ VERSION_CAPS: dict[int, int] = {
 }
 
 Leaders = Callable[[str, int], int]
+
+
+@dataclasses.dataclass(frozen=True)
+class FetchAsk:
+    """What one consumer Fetch (v11+) asked a node for."""
+
+    node: int
+    version: int
+    session_epoch: int
+    min_bytes: int
+    max_bytes: int
+    partitions: tuple[tuple[str | bytes, int, int], ...]  # (topic, partition, max bytes)
+
+    @property
+    def asks_for_nothing(self) -> bool:
+        """Every listed partition, and the whole request, asked for 0 bytes."""
+        return self.max_bytes == 0 and all(n == 0 for _, _, n in self.partitions)
+
+
+def _fetch_ask(node: int, version: int, body: memoryview) -> FetchAsk:
+    value, _ = entity_reader(load_request_schema(_FETCH, version))(body, 0)
+    return FetchAsk(
+        node, version, value.session_epoch, value.min_bytes, value.max_bytes,
+        tuple((t.topic_id.bytes if version >= 13 else t.topic, p.partition,
+               p.partition_max_bytes) for t in value.topics for p in t.partitions))
 BrokerPreferred = Callable[[str, str, int], "int | None"]
 
 
@@ -147,6 +176,7 @@ class RackCluster:
         self._fetch_response_bytes = dict.fromkeys(self._nodes, 0)
         self._fetch_requests = dict.fromkeys(self._nodes, 0)
         self._fetch_log: list[tuple[int, int]] = []  # (node id, bytes) of each Fetch response
+        self._fetch_asks: list[FetchAsk] = []  # every Fetch v11+ request, as kio decodes it
         self._redirects = dict.fromkeys(self._nodes, 0)
         self._versions_used: dict[int, set[int]] = {}  # api key -> versions clients sent
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -246,6 +276,11 @@ class RackCluster:
         """(node id, bytes) of every Fetch response served, in order."""
         with self._lock:
             return list(self._fetch_log)
+
+    def fetch_asks(self) -> list[FetchAsk]:
+        """What every Fetch v11+ request asked for, in order."""
+        with self._lock:
+            return list(self._fetch_asks)
 
     @property
     def fetch_requests(self) -> dict[int, int]:
@@ -378,8 +413,14 @@ class RackCluster:
                     expects_response,
                 )
                 if api_key == _FETCH:
+                    ask = None
+                    if version >= 11:
+                        with contextlib.suppress(Exception):
+                            ask = _fetch_ask(node.node_id, version, memoryview(frame)[header.size:])
                     with self._lock:
                         self._fetch_requests[node.node_id] += 1
+                        if ask is not None:
+                            self._fetch_asks.append(ask)
                     if self._broker_preferred is not None and version >= 11:
                         with contextlib.suppress(Exception):
                             entry.annotation = parse_fetch_request(frame, header.size, version)
@@ -553,4 +594,4 @@ class RackCluster:
         return new
 
 
-__all__ = ["VERSION_CAPS", "RackCluster", "cap_api_versions"]
+__all__ = ["VERSION_CAPS", "FetchAsk", "RackCluster", "cap_api_versions"]

@@ -230,6 +230,51 @@ def test_replica_going_away_mid_read_loses_and_repeats_nothing(
         proxy.stop()
 
 
+def test_leader_is_asked_for_nothing_of_redirected_partitions(cluster: RackCluster) -> None:
+    """librdkafka's default fetch sizes (max.partition.fetch.bytes 1 MB, fetch.max.bytes
+    50 MB), 30,000 x 1 KB over two partitions led by 1 (rack a) and 3 (rack c), a
+    ``client.rack=b`` consumer. The proxy sends both partitions to 2 (rack b), and asks their
+    leaders for 0 bytes of them: without that, each leader read its whole partition (6 MB:
+    tansu ignores partition_max_bytes) for the one fetch the proxy answered with the redirect,
+    and 28% of the bytes the brokers served crossed racks."""
+    name = f"racks-{uuid.uuid4().hex[:6]}"
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(name, 2, 1)])[name].result(timeout=30)
+    proxy = start_proxy(cluster, "racks: {selector: rack-aware}\n")
+    try:
+        keys = produce(proxy.bootstrap, name, 30_000, partitions=2)
+        start, asked_from = len(cluster.fetch_log()), len(cluster.fetch_asks())
+        c = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": f"g-{uuid.uuid4().hex[:6]}",
+                      "client.id": "rack-b-consumer", "client.rack": "b",
+                      "enable.auto.commit": False})  # default fetch sizes
+        c.assign([TopicPartition(name, p, 0) for p in range(2)])
+        try:
+            got = consume(c, len(keys))
+        finally:
+            c.close()
+        assert sorted(got) == keys and len(set(got)) == len(got)  # every message, once
+        served = dict.fromkeys((1, 2, 3), 0)
+        responses = dict.fromkeys((1, 2, 3), 0)
+        for node, size in cluster.fetch_log()[start:]:
+            served[node] += size
+            responses[node] += 1
+        total = sum(served.values())
+        cross = (served[1] + served[3]) / total
+        assert cross <= 0.05, served
+        # The leaders served a redirect each, with no records, and rack b everything else ...
+        assert served[1] < 4096 and served[3] < 4096, served
+        # ... as they were asked for nothing of the partitions sent to rack b.
+        leader_asks = [a for a in cluster.fetch_asks()[asked_from:] if a.node in (1, 3)]
+        assert {a.node for a in leader_asks} == {1, 3}, leader_asks
+        assert all(a.asks_for_nothing for a in leader_asks), leader_asks
+        by_rack = rack_bytes(proxy, "b")
+        assert by_rack.get("b", 0) >= 0.95 * sum(by_rack.values()), by_rack
+        print(f"\nbytes served per broker {served}, responses {responses}, leader fetches "
+              f"{len(leader_asks)}; cross-rack share {cross:.4f}")
+    finally:
+        proxy.stop()
+
+
 @pytest.mark.parametrize(("decide", "expected"), [("broker", 3), ("proxy", 2)])
 def test_preferred_replica_set_by_the_broker(tansu: TansuBroker, decide: str,
                                              expected: int) -> None:

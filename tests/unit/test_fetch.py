@@ -1,5 +1,6 @@
-"""Fetch v11+ for rack-aware routing: the request walk and the preferred_read_replica splice,
-checked against kio for every version."""
+"""Fetch v11+ for rack-aware routing: the request walk, the same-size patch that asks a leader
+for nothing of redirected partitions, and the preferred_read_replica splice, checked against
+kio for every version."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from hypothesis import strategies as st
 from kio.index import load_request_schema
 
 from protocol.fetch import (
+    FINAL_EPOCH,
     FIRST_VERSION,
+    ask_for_nothing,
     parse_fetch_request,
     set_preferred_read_replicas,
 )
@@ -67,6 +70,80 @@ def test_truncated_request_raises(version: int, data: Any) -> None:
     cut = data.draw(st.integers(0, len(body) - 1))
     with pytest.raises((IndexError, ValueError, struct.error)):
         parse_fetch_request(body[:cut], 0, version)
+
+
+def _listed(value: Any, version: int) -> list[tuple[Any, int]]:
+    return [(_topic_key(version, t), p.partition) for t in value.topics for p in t.partitions]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@SETTINGS
+@given(data=st.data())
+def test_asking_for_nothing_keeps_the_frame_and_changes_only_what_it_says(
+    version: int, data: Any
+) -> None:
+    cls = load_request_schema(FETCH, version)
+    value = data.draw(kio_values(cls))
+    body = kio_encode(value)
+    junk = data.draw(st.binary(max_size=7))
+    buf = junk + body
+    summary = parse_fetch_request(buf, len(junk), version)
+    listed = _listed(value, version)
+    assert list(summary.listed) == listed
+    # max_bytes_at: where each listed partition's partition_max_bytes is
+    assert [struct.unpack_from(">i", buf, at)[0] for at in summary.max_bytes_at] == [
+        p.partition_max_bytes for t in value.topics for p in t.partitions]
+    chosen = data.draw(st.sets(st.sampled_from(listed))) if listed else set()
+    # partitions the request does not list are no concern of the patch
+    absent = {("absent", 7), (b"\xff" * 16, 3)} - set(listed)
+    idle, close = data.draw(st.booleans()), data.draw(st.booleans())
+    out = ask_for_nothing(buf, summary, version, chosen | absent, idle=idle, close_session=close)
+    assert len(out) == len(buf) and out[: len(junk)] == junk
+    topics = tuple(
+        dataclasses.replace(t, partitions=tuple(
+            dataclasses.replace(p, partition_max_bytes=0)
+            if (_topic_key(version, t), p.partition) in chosen else p
+            for p in t.partitions))
+        for t in value.topics)
+    expected = dataclasses.replace(value, topics=topics)
+    if idle:
+        expected = dataclasses.replace(expected, min_bytes=0, max_bytes=0)
+    if close:
+        expected = dataclasses.replace(expected, session_epoch=FINAL_EPOCH)
+    assert kio_decode(cls, out[len(junk):]) == expected
+    changed = [i for i in range(len(buf)) if out[i] != buf[i]]
+    if not chosen and not idle and not close:
+        assert changed == []
+    # every byte changed is in one of the INT32 fields the patch may write
+    fields = set(summary.max_bytes_at)
+    start = len(junk) + (8 if version < 15 else 4)  # min_bytes
+    fields |= {start, start + 4, start + 13}  # min_bytes, max_bytes, session_epoch
+    assert all(any(at <= i < at + 4 for at in fields) for i in changed)
+
+
+def test_asking_a_v15_request_for_nothing() -> None:
+    """What librdkafka 2.x sends a leader (Fetch v15, no session, 1 MB per partition, 50 MB
+    in all), asked for nothing of partition 0 of two, then of both."""
+    cls = load_request_schema(FETCH, 15)
+    mod = __import__(cls.__module__, fromlist=["FetchTopic", "FetchPartition"])
+    tid = uuid.uuid4()
+    value = cls(
+        max_wait=datetime.timedelta(milliseconds=500), min_bytes=1, max_bytes=52428800,
+        session_id=0, session_epoch=-1,
+        topics=(mod.FetchTopic(topic_id=tid, partitions=tuple(
+            mod.FetchPartition(partition=p, fetch_offset=0, partition_max_bytes=1048576)
+            for p in (0, 1))),),
+        forgotten_topics_data=(), rack_id="b")
+    body = kio_encode(value)
+    summary = parse_fetch_request(body, 0, 15)
+    one = kio_decode(cls, ask_for_nothing(body, summary, 15, {(tid.bytes, 0)}))
+    assert [p.partition_max_bytes for p in one.topics[0].partitions] == [0, 1048576]
+    assert (one.min_bytes, one.max_bytes, one.session_epoch) == (1, 52428800, -1)
+    both = kio_decode(cls, ask_for_nothing(body, summary, 15, {(tid.bytes, 0), (tid.bytes, 1)},
+                                           idle=True))
+    assert [p.partition_max_bytes for p in both.topics[0].partitions] == [0, 0]
+    assert (both.min_bytes, both.max_bytes) == (0, 0)
+    assert both.max_wait == value.max_wait and both.rack_id == "b"
 
 
 def _partitions(value: Any, version: int) -> list[tuple[Any, Any]]:

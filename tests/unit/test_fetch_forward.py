@@ -1,0 +1,100 @@
+"""Where the proxy puts a patched consumer fetch: the request stream forwards frames
+cut-through, so ``ProxiedConnection._read_captured`` finds the captured fetch in the bytes it
+is about to forward and overwrites it there (same size), or leaves it alone when the frame is
+not wholly there. Checked under any chunking, with and without reading one frame at a time
+(clients with a quota)."""
+
+from __future__ import annotations
+
+import itertools
+from types import SimpleNamespace
+from typing import Any
+
+from conftest import chunked, request_frame
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from protocol.correlation import CorrelationTable, InFlight
+from protocol.stream import RequestStream
+from proxy.connection import ProxiedConnection
+
+FETCH, METADATA = 1, 3
+
+
+def _frames(kinds: list[tuple[bool, int]]) -> list[tuple[int, bool, bytes]]:
+    """(correlation id, is a fetch, frame with size prefix); bodies are opaque here."""
+    out = []
+    for corr, (fetch, size) in enumerate(kinds):
+        body = bytes((corr + i) % 251 for i in range(size))
+        if fetch:
+            out.append((corr, True, request_frame(FETCH, 15, corr, "c", body)))
+        else:
+            out.append((corr, False, request_frame(METADATA, 12, corr, "c", body)))
+    return out
+
+
+def _mark(frame: bytes, corr: int) -> bytes:
+    """The "patched" fetch: its last 4 bytes overwritten (same size)."""
+    return frame[:-4] + (0x7F000000 + corr).to_bytes(4, "big")
+
+
+def _forward(chunks: list[bytes], one_at_a_time: bool) -> tuple[bytes, dict[int, bool]]:
+    stream = RequestStream(CorrelationTable(), capture=lambda e: e.api_key == FETCH)
+    patchable: dict[int, bool] = {}
+
+    def route(entry: InFlight, frame: bytes, whole: bool) -> bytes | None:
+        patchable[entry.correlation_id] = whole
+        return _mark(frame, entry.correlation_id) if whole else None
+
+    conn: Any = SimpleNamespace(requests=stream, _route_fetch=route)
+    out = bytearray()
+
+    def feed(data: bytes) -> None:
+        forward, events = stream.feed(data, stop_after_frame=one_at_a_time)
+        if stream.captured:
+            forward = ProxiedConnection._read_captured(conn, forward, events)
+        out.extend(forward)
+
+    for chunk in chunks:
+        feed(chunk)
+        while stream.held:
+            feed(b"")
+    return bytes(out), patchable
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kinds=st.lists(st.tuples(st.booleans(), st.integers(4, 40)), min_size=1, max_size=6),
+       one_at_a_time=st.booleans(), data=st.data())
+def test_a_patched_fetch_replaces_exactly_its_own_bytes(
+        kinds: list[tuple[bool, int]], one_at_a_time: bool, data: Any) -> None:
+    frames = _frames(kinds)
+    stream = b"".join(f for _, _, f in frames)
+    out, patchable = _forward(chunked(stream, data.draw), one_at_a_time)
+    assert sorted(patchable) == [corr for corr, fetch, _ in frames if fetch]
+    expected = b"".join(_mark(f, corr) if fetch and patchable[corr] else f
+                        for corr, fetch, f in frames)
+    assert out == expected  # the same stream, with the patched fetches in place
+
+
+@settings(max_examples=100, deadline=None)
+@given(kinds=st.lists(st.tuples(st.booleans(), st.integers(4, 40)), min_size=1, max_size=6),
+       one_at_a_time=st.booleans(), data=st.data())
+def test_fetches_read_whole_are_always_patched(
+        kinds: list[tuple[bool, int]], one_at_a_time: bool, data: Any) -> None:
+    """Chunks of whole frames (a consumer's fetch comes in one read): every fetch is
+    patched, wherever it is among the other requests."""
+    frames = _frames(kinds)
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(frames) - 1))) if len(frames) > 1
+                  else [])
+    groups = [frames[a:b] for a, b in itertools.pairwise([0, *cuts, len(frames)])]
+    chunks = [b"".join(f for _, _, f in g) for g in groups]
+    out, patchable = _forward(chunks, one_at_a_time)
+    assert all(patchable.values())
+    assert out == b"".join(_mark(f, corr) if fetch else f for corr, fetch, f in frames)
+
+
+def test_a_fetch_split_over_two_reads_goes_as_sent() -> None:
+    frames = _frames([(True, 30)])
+    frame = frames[0][2]
+    out, patchable = _forward([frame[:20], frame[20:]], one_at_a_time=False)
+    assert patchable == {0: False} and out == frame
