@@ -25,12 +25,38 @@ class ResponseHeader:
     size: int
 
 
-def parse_request_header(buf: bytes | memoryview, pos: int, limit: int) -> RequestHeader:
+class HeaderProgress:
+    """How far parsing the request header of one frame has got, kept between attempts while
+    the header is still arriving so that each attempt goes on where the last one stopped
+    instead of walking every byte so far again (a header whose tagged fields trickle in would
+    otherwise cost time quadratic in its length). Offsets are from the start of the header.
+    Only valid for the one frame it was used with, and only as that frame grows.
+    """
+
+    __slots__ = ("header", "tags_at", "tags_left")
+
+    def __init__(self) -> None:
+        self.tags_at = -1  # offset of the next tagged field to read (-1: count not read yet)
+        self.tags_left = 0  # tagged fields still to read
+        self.header: RequestHeader | None = None  # once it has parsed
+
+
+def parse_request_header(
+    buf: bytes | bytearray | memoryview,
+    pos: int,
+    limit: int,
+    progress: HeaderProgress | None = None,
+) -> RequestHeader:
     """Parse a request header starting at ``pos`` (just after the size prefix).
 
-    Raises ``IndexError`` when the header does not fit in ``buf[pos:limit]``; raises
-    ``KeyError`` for an API key the proxy does not know (the caller maps both).
+    Raises ``IndexError`` (or ``ValueError`` / ``struct.error``) when the header does not fit
+    in ``buf[pos:limit]``. With ``progress`` (the same object on every attempt at the same
+    header, ``buf[pos:limit]`` growing between them) an attempt resumes where the previous
+    one stopped and gives the same result as a fresh parse, at a cost proportional to the
+    bytes not examined before (plus a constant).
     """
+    if progress is not None and progress.header is not None:
+        return progress.header
     start = pos
     if limit - pos < 10:
         raise IndexError("request header incomplete")
@@ -38,22 +64,49 @@ def parse_request_header(buf: bytes | memoryview, pos: int, limit: int) -> Reque
     correlation_id = INT32.unpack_from(buf, pos + 4)[0]
     client_len = INT16.unpack_from(buf, pos + 8)[0]
     pos += 10
-    client_id: str | None
-    if client_len < 0:
-        client_id = None
-    else:
+    client_at = pos
+    if client_len >= 0:
         if pos + client_len > limit:
             raise IndexError("client id incomplete")
-        client_id = bytes(buf[pos : pos + client_len]).decode("utf-8", "replace")
         pos += client_len
     header_version = apis.request_header_version(api_key, api_version)
     if header_version >= 2:
-        pos = skip_tagged_fields(buf, pos)
+        if progress is None:
+            pos = skip_tagged_fields(buf, pos)
+        else:
+            pos = _skip_header_tags(buf, start, pos, progress)
         if pos > limit:
             raise IndexError("header tagged fields incomplete")
-    return RequestHeader(
+    client_id = (
+        None if client_len < 0
+        else bytes(buf[client_at : client_at + client_len]).decode("utf-8", "replace")
+    )
+    header = RequestHeader(
         api_key, api_version, correlation_id, client_id, header_version, pos - start
     )
+    if progress is not None:
+        progress.header = header
+    return header
+
+
+def _skip_header_tags(
+    buf: bytes | bytearray | memoryview, start: int, pos: int, progress: HeaderProgress
+) -> int:
+    """``skip_tagged_fields(buf, pos)``, resumed from and recorded in ``progress`` (whose
+    offsets count from ``start``): a field counts as read once its tag and size are."""
+    if progress.tags_at >= 0:
+        pos, left = start + progress.tags_at, progress.tags_left
+    else:
+        left, pos = read_uvarint(buf, pos)
+    try:
+        while left:
+            _tag, at = read_uvarint(buf, pos)
+            size, at = read_uvarint(buf, at)
+            pos = at + size
+            left -= 1
+    finally:
+        progress.tags_at, progress.tags_left = pos - start, left
+    return pos
 
 
 def encode_request_header(
@@ -97,7 +150,9 @@ def encode_response_header(
     return out
 
 
-def produce_acks(buf: bytes | memoryview, pos: int, limit: int, api_version: int) -> int:
+def produce_acks(
+    buf: bytes | bytearray | memoryview, pos: int, limit: int, api_version: int
+) -> int:
     """Read ``acks`` from a Produce request body starting at ``pos``.
 
     v0-v2: acks is the first field; v3+: it follows ``transactional_id`` (a compact

@@ -24,7 +24,7 @@ from protocol.errors import (
     UnknownApiKey,
     UnsupportedVersion,
 )
-from protocol.headers import parse_request_header, produce_acks
+from protocol.headers import HeaderProgress, RequestHeader, parse_request_header, produce_acks
 from protocol.incremental import (
     PartitionBytes,
     Walker,
@@ -43,6 +43,7 @@ _PRODUCE = int(apis.ApiKey.PRODUCE)
 _FETCH = int(apis.ApiKey.FETCH)
 
 Buffer = bytes | memoryview
+_NOTHING = memoryview(b"")
 
 
 def _check_size(size: int, max_frame_bytes: int) -> None:
@@ -65,6 +66,7 @@ class RequestStream:
         "_measure",
         "_measuring",
         "_pending",
+        "_progress",
         "_remaining",
         "_table",
         "captured",
@@ -81,7 +83,13 @@ class RequestStream:
         self._table = table
         self._max = max_frame_bytes
         self._remaining = 0  # bytes of the current frame still to pass through
-        self._pending = b""  # start of a frame whose header is not complete yet
+        # The start of a frame whose header is not complete yet (grown in place, so that a
+        # header trickling in is not copied again on every read), and how far that header has
+        # been parsed (so that it is not parsed again from its start: see ``HeaderProgress``).
+        # ``_progress`` is about the frame the unread bytes start with (``_pending`` or
+        # ``_held``), when there is one.
+        self._pending = bytearray()
+        self._progress: HeaderProgress | None = None
         self._held = b""  # whole frames not read yet (``stop_after_frame``)
         # ``capture(entry)`` True: a copy of that request frame (without size prefix) is
         # appended to ``captured`` as ``(entry, frame)`` once complete; it is forwarded
@@ -106,6 +114,11 @@ class RequestStream:
         """A frame has started but not ended (at end of input this means truncation)."""
         return self._remaining > 0 or bool(self._pending)
 
+    @property
+    def reading_header(self) -> bool:
+        """A frame has started and its request header is not complete yet."""
+        return bool(self._pending)
+
     def next_api_key(self, data: bytes) -> int | None:
         """The API key of the frame that ``feed(data)`` would start with, when the stream is
         between frames and that much of it is there (else None)."""
@@ -121,7 +134,7 @@ class RequestStream:
     def hold(self, data: bytes) -> None:
         """Keep ``data`` unread (and unforwarded) until the next ``feed``."""
         self._held += self._pending + data
-        self._pending = b""
+        self._pending = bytearray()
 
     @property
     def measuring(self) -> InFlight | None:
@@ -133,21 +146,44 @@ class RequestStream:
         """Bytes are held back after a frame (see ``feed``)."""
         return bool(self._held)
 
-    def feed(self, data: bytes, stop_after_frame: bool = False) -> tuple[Buffer, list[InFlight]]:
+    def feed(self, data: bytes, stop_after_frame: bool = False,
+             max_frames: int = 0) -> tuple[Buffer, list[InFlight]]:
         """Take client bytes; return the bytes to forward and the requests seen.
 
         With ``stop_after_frame`` the stream stops at the end of the first frame that completes
         and holds the rest (not parsed, not forwarded) until the next ``feed`` (which may be
         ``feed(b"")``): Kafka brokers read one request per connection at a time, and quota
-        enforcement relies on that.
+        enforcement relies on that. ``max_frames`` (> 0) does the same after that many frames
+        complete (a bound on requests in flight holds whatever one read brings).
         """
+        if stop_after_frame:
+            max_frames = 1
         events: list[InFlight] = []
+        progress, self._progress = self._progress, None
         if self._held:
             data = self._held + data
             self._held = b""
-        if self._pending:
-            data = self._pending + data
-            self._pending = b""
+        elif self._pending:  # (never both)
+            # Grown in place and tried again where the last attempt stopped, so that a header
+            # arriving in many small reads costs time linear in its length; it is only copied
+            # out once the header is complete (or fails).
+            pending, self._pending = self._pending, bytearray()
+            pending += data
+            n = len(pending)
+            waiting = True
+            if n >= 4:
+                size = INT32.unpack_from(pending, 0)[0]
+                _check_size(size, self._max)
+                if 4 + size > n:
+                    if progress is None:
+                        progress = HeaderProgress()
+                    waiting = self._read_header(pending, 0, 4 + size, n, progress) is None
+                else:
+                    waiting = False
+            if waiting:
+                self._pending, self._progress = pending, progress
+                return _NOTHING, events
+            data = bytes(pending)
         n = len(data)
         rem = self._remaining
         if rem >= n:
@@ -163,49 +199,30 @@ class RequestStream:
             self._capture_more(data, rem)
         if rem and self._measuring is not None:
             self._measure_more(data, rem)
-        if rem and stop_after_frame:
+        if rem and max_frames == 1:
             self._held = data[rem:]
             return memoryview(data)[:rem], events
+        frames = 1 if rem else 0
         table = self._table
         max_frame = self._max
         while pos < n:
             if n - pos < 4:
-                self._pending = data[pos:]
+                self._pending = bytearray(data[pos:])
                 break
             size = INT32.unpack_from(data, pos)[0]
             _check_size(size, max_frame)
             end = pos + 4 + size
-            limit = end if end < n else n
-            try:
-                header = parse_request_header(data, pos + 4, limit)
-                api_key = header.api_key
-                if not apis.is_known(api_key):
-                    raise UnknownApiKey(f"unknown api key {api_key}")
-                if not apis.accepts_request_version(api_key, header.api_version):
-                    raise UnsupportedVersion(
-                        f"{apis.api_name(api_key)} v{header.api_version} "
-                        "is not offered by the proxy"
-                    )
-                expects_response = True
-                follower = False
-                if api_key == _PRODUCE:
-                    acks = produce_acks(data, pos + 4 + header.size, limit, header.api_version)
-                    expects_response = acks != 0
-                elif api_key == _FETCH and header.api_version < 15:
-                    # replica_id leads the body until v15 (then a tagged ReplicaState that
-                    # only followers send). Followers do not come through the proxy, so when
-                    # the field is not in this chunk the fetch counts as a consumer's.
-                    at = pos + 4 + header.size
-                    follower = at + 4 <= limit and INT32.unpack_from(data, at)[0] >= 0
-            except (IndexError, ValueError, struct.error) as exc:
-                if end <= n:
-                    raise MalformedFrame(f"request header does not parse: {exc}") from None
-                if n - pos > _MAX_HEADER_BYTES:
-                    raise MalformedFrame(
-                        f"request header longer than {_MAX_HEADER_BYTES} bytes"
-                    ) from None
-                self._pending = data[pos:]
+            if end > n and progress is None:
+                progress = HeaderProgress()
+            read = self._read_header(data, pos, end, n, progress)
+            if read is None:
+                self._pending = bytearray(memoryview(data)[pos:])
+                self._progress = progress
                 break
+            progress = None  # (only ever about the first frame)
+            header, expects_response, follower = read
+            api_key = header.api_key
+            limit = end if end < n else n
             entry = InFlight(
                 api_key,
                 header.api_version,
@@ -233,12 +250,56 @@ class RequestStream:
                 pos = n
                 break
             pos = end
-            if stop_after_frame and pos < n:
+            frames += 1
+            if frames == max_frames and pos < n:
                 self._held = data[pos:]
                 break
         if pos == n:
             return data, events
         return memoryview(data)[:pos], events
+
+    def _read_header(
+        self,
+        data: bytes | bytearray,
+        pos: int,
+        end: int,
+        n: int,
+        progress: HeaderProgress | None,
+    ) -> tuple[RequestHeader, bool, bool] | None:
+        """The header of the frame at ``pos`` (ending at ``end``) of the ``n`` bytes of
+        ``data``: ``(header, expects_response, follower)``, or None while it has not all
+        arrived. ``progress``: see ``HeaderProgress`` (required to make waiting linear)."""
+        limit = end if end < n else n
+        try:
+            header = parse_request_header(data, pos + 4, limit, progress)
+            api_key = header.api_key
+            if not apis.is_known(api_key):
+                raise UnknownApiKey(f"unknown api key {api_key}")
+            if not apis.accepts_request_version(api_key, header.api_version):
+                raise UnsupportedVersion(
+                    f"{apis.api_name(api_key)} v{header.api_version} "
+                    "is not offered by the proxy"
+                )
+            expects_response = True
+            follower = False
+            if api_key == _PRODUCE:
+                acks = produce_acks(data, pos + 4 + header.size, limit, header.api_version)
+                expects_response = acks != 0
+            elif api_key == _FETCH and header.api_version < 15:
+                # replica_id leads the body until v15 (then a tagged ReplicaState that
+                # only followers send). Followers do not come through the proxy, so when
+                # the field is not in this chunk the fetch counts as a consumer's.
+                at = pos + 4 + header.size
+                follower = at + 4 <= limit and INT32.unpack_from(data, at)[0] >= 0
+        except (IndexError, ValueError, struct.error) as exc:
+            if end <= n:
+                raise MalformedFrame(f"request header does not parse: {exc}") from None
+            if n - pos > _MAX_HEADER_BYTES:
+                raise MalformedFrame(
+                    f"request header longer than {_MAX_HEADER_BYTES} bytes"
+                ) from None
+            return None
+        return header, expects_response, follower
 
 
     def _measure_more(self, data: bytes, upto: int, start: int = 0,
