@@ -162,6 +162,24 @@ class NetworkConfig(_Model):
     write_buffer_high_bytes: int = Field(default=4 * 1024 * 1024, gt=0)
     write_buffer_low_bytes: int = Field(default=1024 * 1024, ge=0)
     shutdown_timeout_seconds: float = Field(default=30.0, ge=0)
+    max_in_flight_requests: int = Field(
+        default=1000, ge=1, le=1_000_000,
+        description="Requests of one connection awaiting their response before the proxy "
+        "reads no more from it (a Kafka broker reads one at a time).")
+    max_connections: int | None = Field(
+        default=None, ge=1,
+        description="Client connections at once; more are refused at accept. Default: what "
+        "the file-descriptor limit allows (two each: client and upstream), less a reserve.")
+    request_header_timeout_seconds: float = Field(
+        default=10.0, gt=0,
+        description="From a request's first byte until its header is read.")
+    request_read_timeout_seconds: float = Field(
+        default=120.0, gt=0,
+        description="From a request's first byte until its last.")
+    connections_max_idle_seconds: float = Field(
+        default=600.0, ge=0,
+        description="Kafka connections.max.idle.ms: close a connection with nothing in "
+        "flight and no bytes either way for this long (0: never).")
 
     @model_validator(mode="after")
     def _low_below_high(self) -> NetworkConfig:

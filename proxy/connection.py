@@ -39,6 +39,9 @@ _ids = itertools.count(1)
 _PRODUCE = int(ApiKey.PRODUCE)
 _FETCH = int(ApiKey.FETCH)
 _now = time.perf_counter
+_clock = time.monotonic
+FINISH_LINGER_S = 1.0  # draining: how long to wait for the client to close after our FIN
+CLOSE_LINGER_S = 10.0  # how long a closed connection's unsent bytes wait for a slow client
 _NO_LIMITS: frozenset[QuotaType] = frozenset()
 _FETCHING = object()  # InFlight.reserved of a consumer Fetch of a client with a fetch quota
 
@@ -103,10 +106,21 @@ class ProxiedConnection(asyncio.Protocol):
         self.closed = False
         self._early: list[bytes] = []
         self._connect_task: asyncio.Task[None] | None = None
+        self._max_in_flight = cfg.max_in_flight_requests
+        # For the proxy's sweep (``Proxy._sweep``): when bytes last went either way, and
+        # when the frame in progress from the client began (None: between frames).
+        self.last_active = _clock()
+        self.frame_started: float | None = None
+        self._finishing = False  # draining: answered, FIN sent, what comes is discarded
 
     # ------------------------------------------------------------------ client side
     def connection_made(self, base: asyncio.BaseTransport) -> None:
-        transport = self.transport = cast(asyncio.Transport, base)
+        transport = cast(asyncio.Transport, base)
+        if not self.proxy.admit():
+            self.closed = True
+            transport.abort()
+            return
+        self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self._peer_ip = peer[0] if peer else None
@@ -188,9 +202,14 @@ class ProxiedConnection(asyncio.Protocol):
         return True
 
     def _may_read_next(self) -> bool:
-        return not self.table or self._headroom()
+        n = len(self.table)
+        return n == 0 or (n < self._max_in_flight and self._headroom())
 
     def data_received(self, data: bytes) -> None:
+        if self._finishing:  # sent after draining began: never answered (the client saw FIN)
+            return
+        now = self.last_active = _clock()
+        was_mid = self.requests.mid_frame
         storage = self.proxy.storage
         while not self.closed:
             # While storage is paused, frames are read one at a time, so that none slips
@@ -200,15 +219,31 @@ class ProxiedConnection(asyncio.Protocol):
                 if self._hold_produce(storage, data):
                     return
                 paused = True
-            limited = paused or bool(self._limited)
+            # Frames that may still be read before the bound on requests in flight
+            room = self._max_in_flight - len(self.table)
+            limited = paused or bool(self._limited) or room <= 1
             try:
-                forward, events = self.requests.feed(data, stop_after_frame=limited)
+                forward, events = self.requests.feed(data, stop_after_frame=limited,
+                                                     max_frames=max(room, 1))
             except ProtocolError as exc:
                 self.close(exc.reason, detail=str(exc), side="client")
                 return
+            if self.requests.mid_frame:
+                if events or not was_mid:
+                    self.frame_started = now
+            else:
+                self.frame_started = None
+            was_mid = self.requests.mid_frame
             self._handle_requests(forward, events)
-            if not limited or self.requests.mid_frame:  # a frame in progress goes on
+            if self.requests.mid_frame:  # a frame in progress goes on
                 return
+            if not limited:
+                if not self.requests.held:
+                    return
+                # the bound on requests in flight stopped this read
+                if len(self.table) >= self._max_in_flight:
+                    self.client_gate.pause("serial")
+                    return
             if not self._may_read_next():  # wait for responses before reading more
                 self.client_gate.pause("serial")
                 return
@@ -480,6 +515,7 @@ class ProxiedConnection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ responses
     def upstream_data(self, data: bytes) -> None:
+        self.last_active = _clock()
         try:
             segments, done = self.responses.feed(data)
         except ProtocolError as exc:
@@ -511,7 +547,7 @@ class ProxiedConnection(asyncio.Protocol):
             if self.client_gate.has("serial") and self._may_read_next():
                 self.client_gate.resume("serial")  # reads held requests unless still muted
             if self.proxy.draining and not self.table:
-                self.proxy.connection_drained(self)
+                self.finish()
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -519,9 +555,29 @@ class ProxiedConnection(asyncio.Protocol):
         """No request is waiting for its response."""
         return not self.table
 
+    def finish(self) -> None:
+        """Draining, with nothing in flight: end cleanly. FIN after the last response (not
+        RST, which may also destroy that response on its way), then read and discard what the
+        client still sends, until it closes or ``FINISH_LINGER_S`` passes."""
+        transport = self.transport
+        if self.closed or self._finishing:
+            return
+        if transport is None or not transport.can_write_eof():
+            self.close("shutdown")
+            return
+        self._finishing = True
+        upstream = self.upstream
+        if upstream is not None and upstream.transport is not None:
+            upstream.transport.close()  # nothing in flight
+        transport.write_eof()
+        self.client_gate.open()
+        asyncio.get_running_loop().call_later(FINISH_LINGER_S, self.close, "shutdown")
+
     def close(self, reason: str, *, detail: str | None = None, side: str | None = None) -> None:
         if self.closed:
             return
+        if self._finishing:
+            reason = "shutdown"  # the client closing after our FIN, or the linger ending
         self.closed = True
         if self.proxy.storage is not None:
             self.proxy.storage.unpark(self)  # a waiting produce request goes with the client
@@ -557,10 +613,19 @@ class ProxiedConnection(asyncio.Protocol):
         for entry in self.table.entries():
             if entry.reserved is not None:
                 self._release(entry)
-        if self.transport is not None:
-            self.transport.close()
-        if self.upstream is not None and self.upstream.transport is not None:
-            self.upstream.transport.close()
+        upstream = self.upstream.transport if self.upstream is not None else None
+        if upstream is not None:
+            if self.table or upstream.get_write_buffer_size():
+                # Requests whose answers nobody will read: dropped now, with the buffers and
+                # the socket (a broker that stopped reading would otherwise keep them).
+                upstream.abort()
+            else:
+                upstream.close()
+        transport = self.transport
+        if transport is not None:
+            transport.close()  # what is buffered for the client is still sent...
+            if transport.get_write_buffer_size():  # ...if the client reads it in time
+                asyncio.get_running_loop().call_later(CLOSE_LINGER_S, transport.abort)
         self.proxy.connection_closed(self, reason)
 
 

@@ -37,6 +37,13 @@ class ReadGate:
             if self.on_resume is not None:
                 self.on_resume()
 
+    def open(self) -> None:
+        """Lift every reason and read (without ``on_resume``): a connection winding down reads
+        what the client still sends only to discard it."""
+        self._reasons.clear()
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.resume_reading()
+
     def has(self, reason: str) -> bool:
         return reason in self._reasons
 

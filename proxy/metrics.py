@@ -4,6 +4,7 @@ them into Prometheus families at scrape time, so forwarding pays no lock or labe
 from __future__ import annotations
 
 import asyncio
+import os
 from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -63,6 +64,10 @@ class ProxyStats:
         self.throttled: dict[str, int] = defaultdict(int)  # quota type -> throttled requests
         self.throttle_ms: dict[str, int] = defaultdict(int)  # quota type -> ms imposed
         self.reloads: dict[str, int] = defaultdict(int)  # "success" | "failure"
+        self.refused: dict[str, int] = defaultdict(int)  # reason -> connections refused
+        self.max_connections = 0
+        self.fd_limit = 0
+        self.in_flight: Callable[[], int] = lambda: 0  # requests awaiting their response
         # the busiest budgets: (broker, quota, user, client_id, rate, limit, throttled, ms)
         self.quota_entities: Callable[[], list[EntityRow]] = list
         self.brokers_known: Callable[[], int] = lambda: 0
@@ -83,6 +88,13 @@ class ProxyStats:
         if c is None:
             c = self.per_client[key] = [0, 0, 0]
         return c
+
+
+def _open_fds() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return -1
 
 
 def _family(kind: Any, name: str, doc: str, label: str, values: dict[str, int]) -> Any:
@@ -125,6 +137,20 @@ class _Collector(Collector):
                       "Client connections accepted", "listener", s.connections_total)
         yield _family(CounterMetricFamily, "kafka_proxy_connections_closed",
                       "Client connections closed, by reason", "reason", s.closed)
+        yield _family(CounterMetricFamily, "kafka_proxy_connections_refused",
+                      "Client connections refused at accept, by reason", "reason", s.refused)
+        for name, doc, value in (
+            ("kafka_proxy_max_connections", "Client connections allowed at once",
+             s.max_connections),
+            ("kafka_proxy_fd_limit", "The process's soft limit on open file descriptors",
+             s.fd_limit),
+            ("kafka_proxy_open_fds", "File descriptors the process has open", _open_fds()),
+            ("kafka_proxy_requests_in_flight", "Requests forwarded and awaiting their response",
+             s.in_flight()),
+        ):
+            g = GaugeMetricFamily(name, doc)
+            g.add_metric([], value)
+            yield g
         counters: tuple[tuple[str, str, dict[int, int]], ...] = (
             ("kafka_proxy_requests", "Requests forwarded, by API", s.requests),
             ("kafka_proxy_request_bytes", "Request bytes forwarded, by API", s.request_bytes),

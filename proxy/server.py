@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import os
+import resource
 import signal
 import socket
 import time
@@ -36,8 +37,30 @@ log = get_logger("kafka_quota_proxy.server")
 BOOTSTRAP = "bootstrap"
 
 
+# File descriptors kept beyond two per client connection (client and upstream): listeners,
+# the metrics endpoint and its scrapers, metadata refreshes, the storage reader, capture
+# files, logs.
+FD_RESERVE = 64
+
+
 class StartupError(Exception):
     """The proxy cannot start (for instance a listen address is in use)."""
+
+
+def fd_limit() -> int:
+    """The soft limit on open file descriptors."""
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def raise_fd_limit(ceiling: int = 1 << 20) -> tuple[int, int]:
+    """Raise the soft limit on open file descriptors to the hard limit (at most
+    ``ceiling``) where allowed; return (before, after)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = ceiling if hard == resource.RLIM_INFINITY else min(hard, ceiling)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return soft, fd_limit()
 
 
 class Proxy:
@@ -64,6 +87,14 @@ class Proxy:
         )
         self.connections: set[ProxiedConnection] = set()
         self.servers: dict[str, asyncio.AbstractServer] = {}
+        self.fd_limit = fd_limit()
+        self.max_connections = config.network.max_connections or max(
+            (self.fd_limit - FD_RESERVE) // 2, 1)
+        self.stats.max_connections = self.max_connections
+        self.stats.in_flight = lambda: sum(len(c.table) for c in self.connections)
+        self.stats.fd_limit = self.fd_limit
+        self._refused_logged_at = 0.0
+        self._refused_since_log = 0
         self.draining = False
         self._drained = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -122,6 +153,7 @@ class Proxy:
             self._spawn(self._flush_capture())
         self._spawn(self._refresh_loop())
         self._spawn(self._expire_loop())
+        self._spawn(self._sweep())
         if self.storage is not None:
             self._spawn(self.storage.run())
         if self.config_path is not None and self.config.quotas.watch_seconds > 0:
@@ -320,6 +352,46 @@ class Proxy:
             await asyncio.sleep(0.01)
 
     # ------------------------------------------------------------------ connections
+    def admit(self) -> bool:
+        """Whether a client that just connected may stay: past ``max_connections`` it is
+        refused at once (closed, logged at most once a second with the count, counted), so
+        that file descriptors remain for upstream connections and the metrics endpoint."""
+        if len(self.connections) < self.max_connections:
+            return True
+        self.stats.refused["max_connections"] += 1
+        self._refused_since_log += 1
+        now = time.monotonic()
+        if now - self._refused_logged_at >= 1.0:
+            log.warning("connections_refused", reason="max_connections",
+                        max_connections=self.max_connections, refused=self._refused_since_log)
+            self._refused_logged_at = now
+            self._refused_since_log = 0
+        return False
+
+    async def _sweep(self) -> None:
+        """Close connections that stall: a request header not read within
+        ``request_header_timeout_seconds`` of the request's first byte, a request not read
+        whole within ``request_read_timeout_seconds``, nothing in flight and no bytes either
+        way for ``connections_max_idle_seconds`` (Kafka's ``connections.max.idle.ms``)."""
+        net = self.config.network
+        header_s, read_s = net.request_header_timeout_seconds, net.request_read_timeout_seconds
+        idle_s = net.connections_max_idle_seconds
+        interval = min(1.0, header_s / 4, read_s / 4, idle_s / 4 if idle_s else 1.0)
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for conn in list(self.connections):
+                started = conn.frame_started
+                if started is not None:
+                    if conn.requests.reading_header and now - started >= header_s:
+                        conn.close("request_header_timeout", side="client",
+                                   detail=f"request header not read within {header_s:g} s")
+                    elif now - started >= read_s:
+                        conn.close("request_read_timeout", side="client",
+                                   detail=f"request not read within {read_s:g} s")
+                elif idle_s and conn.idle and now - conn.last_active >= idle_s:
+                    conn.close("idle_timeout")
+
     def connection_opened(self, conn: ProxiedConnection) -> None:
         self.connections.add(conn)
         kind = BOOTSTRAP if conn.listener == BOOTSTRAP else "broker"
@@ -336,9 +408,6 @@ class Proxy:
         self.stats.closed[reason] += 1
         if self.draining:
             self._check_drained()
-
-    def connection_drained(self, conn: ProxiedConnection) -> None:
-        conn.close("shutdown")
 
     def _check_drained(self) -> None:
         if not self.connections:
@@ -360,7 +429,7 @@ class Proxy:
         for conn in list(self.connections):
             conn.client_gate.pause("shutdown")
             if conn.idle:
-                conn.close("shutdown")
+                conn.finish()
         self._check_drained()
         timeout = self.config.network.shutdown_timeout_seconds
         try:
@@ -382,7 +451,9 @@ class Proxy:
 
 async def run_proxy(config: ProxyConfig, stop: asyncio.Event,
                     config_path: str | None = None) -> None:
+    before, after = raise_fd_limit()
     proxy = Proxy(config, config_path)
+    log.info("fd_limit", soft_before=before, soft=after, max_connections=proxy.max_connections)
     await proxy.start()
     if config_path is not None:
         with contextlib.suppress(NotImplementedError, RuntimeError):

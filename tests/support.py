@@ -57,6 +57,7 @@ class ProxyProcess:
     metrics_port: int = 0
     ports: tuple[int, int] = (0, 0)
     process: subprocess.Popen[bytes] | None = None
+    nofile: tuple[int, int] | None = None  # RLIMIT_NOFILE (soft, hard) to start the proxy with
 
     @property
     def bootstrap(self) -> str:
@@ -105,10 +106,17 @@ logging:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            preexec_fn=self._limits if self.nofile else None,
         )
         log.close()
         wait_for_port("127.0.0.1", self.bootstrap_port, 20)
         return self
+
+    def _limits(self) -> None:
+        import resource
+
+        assert self.nofile is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, self.nofile)
 
     def wait_broker_listener(self, node_id: int, timeout: float = 20) -> int:
         port = self.broker_port(node_id)

@@ -184,3 +184,42 @@ def test_sigterm_lets_in_flight_requests_finish(
     assert "proxy_stopping" in events and "proxy_stopped" in events
     assert "shutdown_timeout" not in events
     assert time.monotonic() - sent < 20
+
+
+def test_sigterm_ends_a_drained_connection_with_fin_not_rst(
+    own_proxy: ProxyProcess, own_tansu: TansuBroker
+) -> None:
+    """A request that arrives after draining began is not answered, but the connection still
+    ends cleanly: the answer of the request in flight, then FIN. (Closing with that request
+    unread sent RST, which may also destroy the answer on its way.)"""
+    topic = f"fin-{uuid.uuid4().hex[:6]}"
+    _create_topic(own_proxy.bootstrap, topic)
+    with KafkaWire("127.0.0.1", own_proxy.broker_port(111)) as wire:
+        me = f"127.0.0.1:{wire.sock.getsockname()[1]}"
+        fetch = wire.encode(
+            1, 12, max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=1500)),
+            min_bytes=1, topics=(FetchTopic(topic=topic, partitions=(
+                FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20),)),),
+            forgotten_topics_data=())
+        wire.send_raw(fetch)
+        fetch_correlation = wire._correlation
+        wait_for(lambda: own_proxy.metrics().get('kafka_proxy_requests_total{api="fetch"}', 0)
+                 >= 1, 10, what="fetch forwarded")
+        own_proxy.process.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        wait_for(lambda: any(e.get("event") == "proxy_stopping" for e in own_proxy.events()),
+                 10, what="draining to begin")
+        wire.send_raw(wire.encode(18, 0))  # ApiVersions, after draining began
+        size = int.from_bytes(wire.recv_exactly(4), "big")
+        response = wire.recv_exactly(size)
+        assert int.from_bytes(response[:4], "big") == fetch_correlation
+        wire.sock.settimeout(10)
+        try:
+            rest = wire.sock.recv(65536)
+        except ConnectionResetError:
+            rest = None
+        assert rest == b"", "the drained connection must end with FIN after the last answer"
+    assert own_proxy.process is not None
+    assert own_proxy.process.wait(20) == 0
+    events = own_proxy.events()
+    assert [e["reason"] for e in events if e.get("event") == "connection_closed"
+            and e.get("client") == me] in ([], ["shutdown"])

@@ -688,3 +688,28 @@ def test_long_client_id_accepted_whatever_the_chunking():
     stream.feed(data[:4200])  # the header straddles the cut
     _out, events = stream.feed(data[4200:])
     assert len(events) == 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(count=st.integers(1, 40), max_frames=st.integers(1, 12), cut=st.integers(0, 400))
+def test_max_frames_reads_at_most_that_many_and_holds_the_rest(count: int, max_frames: int,
+                                                               cut: int) -> None:
+    """A bound on requests in flight holds whatever one read brings: each feed completes at
+    most ``max_frames`` frames, holds the rest unread, and the bytes forwarded over all feeds
+    are the input, in order."""
+    frames = [struct.pack(">ihhih", 10, 18, 0, i, 0) for i in range(count)]
+    data = b"".join(frames)
+    stream = RequestStream(CorrelationTable())
+    forwarded = bytearray()
+    seen: list[int] = []
+    for chunk in (data[:cut], data[cut:]):
+        out, events = stream.feed(chunk, max_frames=max_frames)
+        while True:
+            forwarded += out
+            assert len(events) <= max_frames
+            seen += [e.correlation_id for e in events]
+            if not stream.held:
+                break
+            out, events = stream.feed(b"", max_frames=max_frames)
+    assert bytes(forwarded) == data
+    assert seen == list(range(count))
