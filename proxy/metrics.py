@@ -68,6 +68,9 @@ class ProxyStats:
         self.max_connections = 0
         self.fd_limit = 0
         self.in_flight: Callable[[], int] = lambda: 0  # requests awaiting their response
+        # event-loop lag: how late a timer fired, per bucket of LATENCY_BUCKETS (+Inf last)
+        self.loop_lag_buckets = [0] * (len(LATENCY_BUCKETS) + 1)
+        self.loop_lag_sum = 0.0
         # the busiest budgets: (broker, quota, user, client_id, rate, limit, throttled, ms)
         self.quota_entities: Callable[[], list[EntityRow]] = list
         self.brokers_known: Callable[[], int] = lambda: 0
@@ -82,12 +85,25 @@ class ProxyStats:
         buckets[bisect_left(LATENCY_BUCKETS, seconds)] += 1
         self.latency_sum[api_key] += seconds
 
+    def observe_loop_lag(self, seconds: float) -> None:
+        self.loop_lag_buckets[bisect_left(LATENCY_BUCKETS, seconds)] += 1
+        self.loop_lag_sum += seconds
+
     def client(self, client_id: str | None) -> list[int]:
         key = client_id or ""
         c = self.per_client.get(key)
         if c is None:
             c = self.per_client[key] = [0, 0, 0]
         return c
+
+
+def _cumulative(counts: list[int]) -> list[tuple[str, float]]:
+    out: list[tuple[str, float]] = []
+    acc = 0
+    for bound, n in zip((*map(str, LATENCY_BUCKETS), "+Inf"), counts, strict=True):
+        acc += n
+        out.append((bound, acc))
+    return out
 
 
 def _open_fds() -> int:
@@ -166,13 +182,13 @@ class _Collector(Collector):
             labels=["api"],
         )
         for key, counts in sorted(s.latency_buckets.items()):
-            cumulative: list[tuple[str, float]] = []
-            acc = 0
-            for bound, n in zip((*map(str, LATENCY_BUCKETS), "+Inf"), counts, strict=True):
-                acc += n
-                cumulative.append((bound, acc))
-            h.add_metric([api_name(key)], cumulative, s.latency_sum[key])
+            h.add_metric([api_name(key)], _cumulative(counts), s.latency_sum[key])
         yield h
+        lag = HistogramMetricFamily(
+            "kafka_proxy_event_loop_lag_seconds",
+            "How late the event loop ran a timer due every 0.1 s (time every connection waits)")
+        lag.add_metric([], _cumulative(s.loop_lag_buckets), s.loop_lag_sum)
+        yield lag
         g = GaugeMetricFamily(
             "kafka_proxy_client_write_buffer_bytes",
             "Bytes waiting in the proxy's write buffers towards clients",

@@ -154,6 +154,7 @@ class Proxy:
         self._spawn(self._refresh_loop())
         self._spawn(self._expire_loop())
         self._spawn(self._sweep())
+        self._spawn(self._watch_loop_lag())
         if self.storage is not None:
             self._spawn(self.storage.run())
         if self.config_path is not None and self.config.quotas.watch_seconds > 0:
@@ -367,6 +368,15 @@ class Proxy:
             self._refused_logged_at = now
             self._refused_since_log = 0
         return False
+
+    async def _watch_loop_lag(self, every: float = 0.1) -> None:
+        """``kafka_proxy_event_loop_lag_seconds``: how late a timer due every ``every``
+        seconds fires, which is how long anything ready waits for the loop."""
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + every
+            await asyncio.sleep(every)
+            self.stats.observe_loop_lag(max(loop.time() - due, 0.0))
 
     async def _sweep(self) -> None:
         """Close connections that stall: a request header not read within
