@@ -32,6 +32,7 @@ class InFlight:
         "reserved",
         "response_size",
         "route",
+        "storage_scale",
         "throttle_ms",
     )
 
@@ -58,6 +59,8 @@ class InFlight:
         self.pending: Any = None
         # Fetch: ``protocol.fetch.Chooser`` picking partitions' preferred_read_replica
         self.route: Any = None
+        # Produce: the storage scale in force when the I/O layer read the request
+        self.storage_scale: float | None = None
         # Produce when read, Fetch when measured: [(topic, partition, bytes of record batches)]
         self.partitions: Any = None
 

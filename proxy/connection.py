@@ -268,9 +268,12 @@ class ProxiedConnection(asyncio.Protocol):
             stats = self.proxy.stats
             now = _now()
             self._client_id = events[-1].client_id or ""
+            scale = self.proxy.quotas.produce_scale
             for entry in events:
                 entry.annotation = now
                 key = entry.api_key
+                if key == _PRODUCE:
+                    entry.storage_scale = scale  # paced by it when recorded (QuotaManager)
                 stats.requests[key] += 1
                 stats.request_bytes[key] += entry.request_size
                 c = stats.client(entry.client_id)
@@ -415,7 +418,8 @@ class ProxiedConnection(asyncio.Protocol):
         if manager is not None:
             if key == _PRODUCE and quotas.enabled(QuotaType.PRODUCE):
                 kind = QuotaType.PRODUCE
-                byte_throttle = manager.record(kind, self.user, cid, entry.request_size - 4, now)
+                byte_throttle = manager.record(kind, self.user, cid, entry.request_size - 4, now,
+                                               entry.storage_scale)
             elif key == _FETCH and not entry.follower and quotas.enabled(QuotaType.FETCH):
                 kind = QuotaType.FETCH
                 byte_throttle = manager.record(kind, self.user, cid, entry.response_size - 4,
@@ -461,7 +465,8 @@ class ProxiedConnection(asyncio.Protocol):
             entry.request_size, entry.response_size if answered else -1,
             int(elapsed_ms * 1000) if answered else -1, request_time, entry.follower,
             produce_ms, fetch_ms, request_ms, self._client_rack,
-            self.proxy.quotas.generation, self.proxy.quotas.produce_scale,
+            self.proxy.quotas.generation,
+            entry.storage_scale if entry.api_key == _PRODUCE else self.proxy.quotas.produce_scale,
             _partition_rows(entry.partitions),
         )
         if (entry.api_key == _FETCH and answered) or entry is self.requests.measuring:

@@ -19,6 +19,13 @@ from quota.throttle import java_round, throttle_time_ms
 ONE_HOUR_MS = 3_600_000
 
 
+class Current:
+    """``QuotaManager.record``'s default scale: the one in force now."""
+
+
+CURRENT = Current()
+
+
 @dataclass(frozen=True, slots=True)
 class QuotaSettings:
     samples: int = 11  # Kafka quota.window.num
@@ -44,9 +51,8 @@ class Sensor:
     # Values read but not yet recorded (produce requests awaiting their response): the proxy
     # keeps reading a client only while the rate counting them stays below the bound.
     in_flight: float = 0.0
-    # While storage scaling applies to this (produce) budget: the time up to which what it
-    # recorded is paid for at the scaled bound (``QuotaManager._paced_throttle``); None when
-    # it did not apply at the budget's last record.
+    # Storage scaling (produce budgets): the time up to which what it recorded under a
+    # scale is paid for at the scaled bound (``QuotaManager._paced_throttle``)
     paced_until: float | None = None
 
     def headroom(self, now_ms: int, bound: float | None = None) -> bool:
@@ -130,18 +136,20 @@ class QuotaManager:
         return sensor
 
     def record(self, quota_type: QuotaType, user: str, client_id: str, value: float,
-               now_ms: int) -> int:
+               now_ms: int, scale: float | Current | None = CURRENT) -> int:
         """Record ``value`` (bytes, or percent-of-thread for request quotas) and return the
-        throttle time in ms."""
+        throttle time in ms. ``scale`` (produce): the storage scale in force when the request
+        was read, when that is not the one in force now (``produce_scale``)."""
         sensor = self._sensor_of.get((quota_type, user, client_id))
         if sensor is None:
             sensor = self.sensor(quota_type, user, client_id, now_ms)
         sensor.last_record_ms = now_ms
         bound = sensor.bound
         if quota_type is QuotaType.PRODUCE:
-            if self.produce_scale is not None and not self.storage_exempt(user, client_id):
-                return self._paced_throttle(sensor, value, now_ms, user, client_id)
-            sensor.paced_until = None
+            if isinstance(scale, Current):
+                scale = self.produce_scale
+            if scale is not None and not self.storage_exempt(user, client_id):
+                return self._paced_throttle(sensor, value, now_ms, scale)
         if bound is None:
             sensor.rate.record(value, now_ms)
             return 0
@@ -157,8 +165,7 @@ class QuotaManager:
             sensor.throttle_ms_total += throttle
         return throttle
 
-    def _paced_throttle(self, sensor: Sensor, value: float, now_ms: int, user: str,
-                        client_id: str) -> int:
+    def _paced_throttle(self, sensor: Sensor, value: float, now_ms: int, scale: float) -> int:
         """The throttle of a produce budget while storage scaling applies to it.
 
         Each request is paid for at the scaled bound T: the budget is paced up to
@@ -168,16 +175,21 @@ class QuotaManager:
         Kafka's sampled rate cannot promise that: a request of more than (N-1) windows of
         bytes at T is purged from the samples before its throttle is over, so with few
         windows large batches go through faster than T; and capping its throttle at a window
-        lets one batch through per window whatever T. The pacing starts afresh when scaling
-        begins, so what a producer sent before, at the rate allowed then, freezes nothing. The
-        sampled rate still records (metrics, and Kafka's throttle once scaling ends). Only
-        what was recorded, and when, decides the throttle: a replay gives the same."""
+        lets one batch through per window whatever T.
+
+        Requests read before scaling began are not paced, even when their responses (and so
+        their records) come after: what a producer sent at the rate allowed then, pipelined
+        requests included, freezes nothing. Pacing owed from an earlier THROTTLE is still
+        owed until its time has passed. The sampled rate records every request (metrics, and
+        Kafka's throttle once scaling ends). Only what was recorded, with the scale each
+        request was read under, decides the throttle: a replay gives the same."""
         sensor.rate.record(value, now_ms)
-        bound = self.produce_bound(sensor.bound, user, client_id)
+        configured = sensor.bound
+        bound = (self.unquoted_produce_bound if configured is None else configured) * scale
         paced = sensor.paced_until
         if paced is None or paced < now_ms:
             paced = now_ms
-        if bound is None or bound <= 0:  # paused: the proxy admits nothing; nothing is owed
+        if bound <= 0:  # paused: the proxy admits nothing; nothing is owed
             sensor.paced_until = paced
             return 0
         paced += value * 1000.0 / bound

@@ -87,7 +87,8 @@ class Recorded:
     request_time_ms: float  # exact request time when the request quota recorded it, else 0
     follower: bool
     quota_generation: int = 0
-    storage_scale: float | None = None  # the storage factor in force (None: none)
+    # the storage factor in force (None: none); for a Produce, when the proxy read it
+    storage_scale: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

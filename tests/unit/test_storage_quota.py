@@ -99,7 +99,7 @@ def test_scaled_rate_holds_whatever_the_batch_size(batch: int, samples: int) -> 
     assert begins - before[-1] < 1000 and sum(n for t, n in sent if t < begins) > 4 * target
 
 
-def test_pacing_is_kept_across_factor_changes_and_starts_afresh_after_open() -> None:
+def test_pacing_is_kept_across_factor_changes_and_owed_only_for_scaled_requests() -> None:
     m = QuotaManager(SETTINGS)
     m.unquoted_produce_bound = 10_000.0
     m.produce_scale = 0.5
@@ -108,9 +108,16 @@ def test_pacing_is_kept_across_factor_changes_and_starts_afresh_after_open() -> 
     assert m.record(P, "u", "c", 2_500, 0) == 2000
     m.produce_scale = None  # OPEN: no pacing (no quota: unlimited)
     assert m.record(P, "u", "c", 100_000, 10) == 0
-    m.produce_scale = 0.5  # THROTTLE again: the bytes sent while open cost nothing now
-    assert m.record(P, "u", "c", 5_000, 20) == 0
-    assert m.record(P, "u", "c", 5_000, 20) == 1000
+    m.produce_scale = 0.5  # THROTTLE again: what was owed (until 3 s) still is; the bytes
+    assert m.record(P, "u", "c", 5_000, 20) == 3000 + 1000 - 20 - 1000  # sent while open not
+    m.produce_scale = 0.5
+    later = 60_000
+    # Requests read before scaling began are not paced, although recorded after it began:
+    # an unthrottled producer's pipelined requests freeze nothing.
+    assert m.record(P, "u", "fresh", 1_000_000, later, scale=None) == 0
+    assert m.record(P, "u", "fresh", 1_000_000, later, scale=None) == 0
+    assert m.record(P, "u", "fresh", 5_000, later) == 0  # one window free
+    assert m.record(P, "u", "fresh", 5_000, later) == 1000
 
 
 def test_paused_the_engine_throttles_nothing_and_has_no_headroom() -> None:
