@@ -137,6 +137,18 @@ logging:
                 proc.wait(5)
         return proc.returncode
 
+    def edit_config(self, old: str, new: str, timeout: float = 20) -> None:
+        """Replace ``old`` by ``new`` in the config file and wait until the proxy has reloaded
+        it successfully once more."""
+        def reloads() -> float:
+            return self.metrics().get('kafka_proxy_config_reloads_total{result="success"}', 0)
+
+        before = reloads()
+        text = self.config_path.read_text()
+        assert old in text, old
+        self.config_path.write_text(text.replace(old, new))
+        wait_for(lambda: reloads() > before, timeout, what="the config reload")
+
     @property
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

@@ -73,12 +73,7 @@ capture:
 
         produce_for(2)
         # Halve the producer's quota while it runs: the capture spans two quota generations.
-        text = proxy.config_path.read_text()
-        proxy.config_path.write_text(text.replace(f"producer_byte_rate: {QUOTA}",
-                                                  f"producer_byte_rate: {QUOTA // 2}"))
-        wait_for(lambda: proxy.metrics().get(
-            'kafka_proxy_config_reloads_total{result="success"}', 0) >= 1, 20,
-            what="the quota reload")
+        proxy.edit_config(f"producer_byte_rate: {QUOTA}", f"producer_byte_rate: {QUOTA // 2}")
         produce_for(2)
         assert producer.flush(60) == 0
         consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": "cap",

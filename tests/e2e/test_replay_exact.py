@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from proxy.embedded_broker import TansuBroker
-from tests.support import ProxyProcess, new_topic, reproduce_capture, wait_for
+from tests.support import ProxyProcess, new_topic, reproduce_capture
 
 pytestmark = pytest.mark.e2e
 
@@ -100,12 +100,8 @@ capture:
             t.start()
         time.sleep(SECONDS / 2)  # the run's length: nothing waits on this to pass
         # Halve the limited producer's quota while everything runs.
-        text = proxy.config_path.read_text()
-        proxy.config_path.write_text(text.replace(f"producer_byte_rate: {PRODUCE_QUOTA}",
-                                                  f"producer_byte_rate: {PRODUCE_QUOTA // 2}"))
-        wait_for(lambda: proxy.metrics().get(
-            'kafka_proxy_config_reloads_total{result="success"}', 0) >= 1, 20,
-            what="the quota reload")
+        proxy.edit_config(f"producer_byte_rate: {PRODUCE_QUOTA}",
+                          f"producer_byte_rate: {PRODUCE_QUOTA // 2}")
         time.sleep(SECONDS / 2)
         stop.set()
         for t in threads:
