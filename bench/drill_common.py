@@ -2,7 +2,7 @@
 
 Each drill attacks the proxy in one way while good clients keep moving keyed messages through
 it, then prints its figures. The same ``run`` function serves the long run (``python
-bench/drill_X.py``) and a bounded version in the test suite (``tests/e2e/test_drills.py``).
+bench/drill_X.py``) and a bounded version in the test suite (``tests/e2e/test_drill_X.py``).
 
 Here: a real tansu broker, the proxy as a subprocess (``tests.support.ProxyProcess``), good
 clients whose every acknowledged message must be consumed exactly once, a watch on the proxy

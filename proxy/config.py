@@ -657,10 +657,48 @@ def _expanded_size(root: yaml.Node) -> int:
     return sizes[id(root)]
 
 
+_FLOW = re.compile(r"""[\[\]{}"'#\n]""")
+
+
+def _flow_depth_exceeds(text: str, limit: int) -> int | None:
+    """Where (an offset) brackets of flow collections (``[``, ``{``) nest deeper than
+    ``limit``, skipping quoted strings and comments: a linear pre-check, so that deep nesting
+    is refused before PyYAML's scanner spends its time on it (``_BoundedLoader`` checks the
+    real nesting; this only finds it sooner). None when they do not."""
+    depth = 0
+    quote = ""
+    comment = False
+    for m in _FLOW.finditer(text):
+        c = m.group()
+        if comment:
+            comment = c != "\n"
+        elif quote:
+            if c == quote:
+                quote = ""
+        elif c in "[{":
+            depth += 1
+            if depth > limit:
+                return m.start()
+        elif c in "]}":
+            depth = max(depth - 1, 0)
+        elif c in "\"'":
+            quote = c
+        elif c == "#":
+            comment = True
+    return None
+
+
 def _load_yaml(text: str) -> tuple[yaml.Node | None, Any]:
     """The document's node tree (for positions) and its data, within the bounds above."""
     if len(text) > MAX_CONFIG_BYTES:
         raise ConfigTooLarge(None, None, f"larger than {MAX_CONFIG_BYTES} bytes", None)
+    deep = _flow_depth_exceeds(text, MAX_CONFIG_DEPTH)
+    if deep is not None:
+        line = text.count("\n", 0, deep)
+        column = deep - (text.rfind("\n", 0, deep) + 1)
+        raise ConfigTooLarge(None, None,
+                             f"collections nested deeper than {MAX_CONFIG_DEPTH} levels",
+                             yaml.Mark("<config>", deep, line, column, None, 0))
     loader = _BoundedLoader(text)
     try:
         root = loader.get_single_node()

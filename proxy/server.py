@@ -95,6 +95,7 @@ class Proxy:
         self.stats.fd_limit = self.fd_limit
         self._refused_logged_at = 0.0
         self._refused_since_log = 0
+        self._refused_flush: asyncio.TimerHandle | None = None
         self.draining = False
         self._drained = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -361,13 +362,21 @@ class Proxy:
             return True
         self.stats.refused["max_connections"] += 1
         self._refused_since_log += 1
-        now = time.monotonic()
-        if now - self._refused_logged_at >= 1.0:
+        if time.monotonic() - self._refused_logged_at >= 1.0:
+            self._log_refused()
+        elif self._refused_flush is None:  # the rest of a burst is logged a second later
+            self._refused_flush = asyncio.get_running_loop().call_later(1.0, self._log_refused)
+        return False
+
+    def _log_refused(self) -> None:
+        if self._refused_flush is not None:
+            self._refused_flush.cancel()
+            self._refused_flush = None
+        if self._refused_since_log:
             log.warning("connections_refused", reason="max_connections",
                         max_connections=self.max_connections, refused=self._refused_since_log)
-            self._refused_logged_at = now
-            self._refused_since_log = 0
-        return False
+        self._refused_logged_at = time.monotonic()
+        self._refused_since_log = 0
 
     async def _watch_loop_lag(self, every: float = 0.1) -> None:
         """``kafka_proxy_event_loop_lag_seconds``: how late a timer due every ``every``

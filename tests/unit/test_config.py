@@ -690,10 +690,19 @@ def test_alias_bomb_is_refused_before_it_expands() -> None:
 def test_deep_nesting_is_refused_with_its_position() -> None:
     text = BASE + "extra: " + "[" * 5000 + "]" * 5000 + "\n"
     line = BASE.count("\n") + 1
-    # the root mapping is level 1: the 64th bracket (column 71) is level 65
-    assert errors_of(text) == [f"{SOURCE}:{line}:71: refused: collections nested deeper than "
+    # found by the linear pre-check, at the 65th bracket (column 72), before PyYAML scans it
+    assert errors_of(text) == [f"{SOURCE}:{line}:72: refused: collections nested deeper than "
                                "64 levels"]
     assert any("unknown key" in e for e in errors_of(BASE + "extra: " + "[" * 60 + "]" * 60))
+    # Brackets in quoted strings and comments are not nesting.
+    quoted = BASE + 'extra: "' + "[" * 100 + '"  # ' + "{" * 100 + "\n"
+    assert any("extra: unknown key" in e for e in errors_of(quoted))
+    # Nesting by indentation (no brackets) is refused as PyYAML composes it: the root
+    # mapping is level 1, so the 64th nested key is level 65.
+    block = BASE + "".join(f"{'  ' * i}k{i}:\n" for i in range(70)) + "  " * 70 + "v\n"
+    nested_line = BASE.count("\n") + 64
+    assert errors_of(block) == [f"{SOURCE}:{nested_line}:{2 * 63 + 1}: refused: collections "
+                                "nested deeper than 64 levels"]
 
 
 def test_oversized_file_is_refused_unread(tmp_path: Path) -> None:
