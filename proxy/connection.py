@@ -137,7 +137,7 @@ class ProxiedConnection(asyncio.Protocol):
         timeout = self.proxy.config.upstream.connect_timeout_seconds
         for host, port in self._resolve_upstream():
             try:
-                transport, _ = await asyncio.wait_for(
+                transport, side = await asyncio.wait_for(
                     loop.create_connection(lambda: UpstreamSide(self), host, port), timeout
                 )
             except (OSError, TimeoutError) as exc:
@@ -148,9 +148,13 @@ class ProxiedConnection(asyncio.Protocol):
                 return
             if self._routed:
                 self.proxy.routing.set_reachable(self.scope, True)
+            # Only now is the upstream where requests go: the bytes read while connecting go
+            # first, then what comes after (set when the socket connected, bytes read between
+            # that and this line went ahead of the earlier ones: answered out of order).
+            self.upstream = side
             if self._early:
                 early, self._early = self._early, []
-                self.upstream.transport.writelines(early)  # type: ignore[union-attr]
+                transport.writelines(early)
             self.client_gate.resume("connecting")
             return
         if self._routed:  # no consumer is sent to this broker for a while
@@ -653,7 +657,6 @@ class UpstreamSide(asyncio.Protocol):
         net = self.conn.proxy.config.network
         transport.set_write_buffer_limits(net.write_buffer_high_bytes, net.write_buffer_low_bytes)
         self.gate.attach(transport)
-        self.conn.upstream = self
 
     def data_received(self, data: bytes) -> None:
         self.conn.upstream_data(data)
