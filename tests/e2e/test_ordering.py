@@ -48,5 +48,6 @@ def test_requests_pipelined_from_the_first_byte_are_answered_in_order(
             _one(proxy.bootstrap_port, 1000 * c) for c in range(CONNECTIONS))))
 
     answers = asyncio.run(main())
-    wrong = [c for c, got in enumerate(answers) if got != list(range(1000 * c, 1000 * c + REQUESTS))]
+    wrong = [c for c, got in enumerate(answers)
+             if got != list(range(1000 * c, 1000 * c + REQUESTS))]
     assert not wrong, f"{len(wrong)} of {CONNECTIONS} connections answered out of order"
