@@ -21,12 +21,12 @@ demo: $(VENV)/.installed-demo
 	$(BIN)/kafka-quota-proxy demo
 
 lint: $(VENV)/.installed-test
-	$(BIN)/ruff check protocol proxy quota routing tests bench
+	$(BIN)/ruff check protocol proxy quota routing spark_jobs tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
 test: lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15
 
 bench: $(VENV)/.installed-bench
 	$(BIN)/python bench/proxy_bench.py

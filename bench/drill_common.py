@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import functools
 import statistics
 import threading
 import time
@@ -86,36 +87,43 @@ class GoodTraffic:
             t.start()
         return self
 
-    def _produce(self) -> None:
+    def _new_producer(self) -> Any:
         from confluent_kafka import Producer
 
-        producer = Producer({"bootstrap.servers": self.bootstrap, "client.id": self.name,
-                             "acks": "all", "enable.idempotence": True, "linger.ms": 5,
-                             "message.timeout.ms": 300_000})
+        return Producer({"bootstrap.servers": self.bootstrap, "client.id": self.name,
+                         "acks": "all", "enable.idempotence": True, "linger.ms": 5,
+                         "message.timeout.ms": 300_000})
 
-        def delivered(err: Any, msg: Any, sent_at: float) -> None:
-            if err is None:
-                self.acked.append(msg.key())
-                self.latencies.append(time.monotonic() - sent_at)
-            else:
-                self.errors.append(str(err))
+    def delivered(self, sent_at: float, err: Any, msg: Any) -> None:
+        """A delivery report: acknowledged (with its produce-to-ack latency) or an error."""
+        if err is None:
+            self.acked.append(msg.key())
+            self.latencies.append(time.monotonic() - sent_at)
+        else:
+            self.errors.append(str(err))
 
+    def _send_due(self, producer: Any, start: float) -> None:
+        """One step of the paced loop: the next message if it is due, else a poll until it is."""
+        due = start + self.sent / self.rate
+        now = time.monotonic()
+        if now < due:
+            producer.poll(min(due - now, 0.05))
+            return
+        key = b"%s-%09d" % (self.name.encode(), self.sent)
+        try:
+            producer.produce(self.topic, key=key, value=self.value,
+                             partition=self.sent % self.partitions,
+                             on_delivery=functools.partial(self.delivered, now))
+            self.sent += 1
+        except BufferError:
+            producer.poll(0.05)
+        producer.poll(0)
+
+    def _produce(self) -> None:
+        producer = self._new_producer()
         start = time.monotonic()
         while not self._stop.is_set():
-            due = start + self.sent / self.rate
-            now = time.monotonic()
-            if now < due:
-                producer.poll(min(due - now, 0.05))
-                continue
-            key = b"%s-%09d" % (self.name.encode(), self.sent)
-            try:
-                producer.produce(
-                    self.topic, key=key, value=self.value, partition=self.sent % self.partitions,
-                    on_delivery=lambda err, msg, at=now: delivered(err, msg, at))
-                self.sent += 1
-            except BufferError:
-                producer.poll(0.05)
-            producer.poll(0)
+            self._send_due(producer, start)
         producer.flush(300)
 
     def _consume(self) -> None:

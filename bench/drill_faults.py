@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import json
 import os
 import re
@@ -94,8 +93,6 @@ class FaultTraffic(GoodTraffic):
     - ``rewind()`` replaces the consumer by a fresh one in a fresh group, reading from the
       start of the log (after a broker restarted empty).
     - ``consumed_total`` counts every consumed message (for the recovery time).
-    - The send time travels in the delivery callback: ``Producer.produce`` of
-      confluent-kafka 2.16 takes no ``opaque`` argument, which the harness's producer passes.
     """
 
     def __init__(self, *args: Any, session_timeout_ms: int | None = None,
@@ -125,13 +122,6 @@ class FaultTraffic(GoodTraffic):
     def _produce(self) -> None:
         from confluent_kafka import KafkaError, KafkaException
 
-        def delivered(sent_at: float, err: Any, msg: Any) -> None:
-            if err is None:
-                self.acked.append(msg.key())
-                self.latencies.append(time.monotonic() - sent_at)
-            else:
-                self.errors.append(str(err))
-
         def replace(producer: Any, exc: KafkaException) -> Any:
             if not (exc.args[0].fatal() or exc.args[0].code() == KafkaError._FATAL):
                 raise exc
@@ -145,20 +135,7 @@ class FaultTraffic(GoodTraffic):
         start = time.monotonic()
         while not self._stop.is_set():
             try:
-                due = start + self.sent / self.rate
-                now = time.monotonic()
-                if now < due:
-                    producer.poll(min(due - now, 0.05))
-                    continue
-                key = b"%s-%09d" % (self.name.encode(), self.sent)
-                try:
-                    producer.produce(self.topic, key=key, value=self.value,
-                                     on_delivery=functools.partial(delivered, now),
-                                     partition=self.sent % self.partitions)
-                    self.sent += 1
-                except BufferError:
-                    producer.poll(0.05)
-                producer.poll(0)
+                self._send_due(producer, start)
             except KafkaException as exc:
                 producer = replace(producer, exc)
         for _ in range(3):

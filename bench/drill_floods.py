@@ -86,38 +86,10 @@ class _GoodTraffic(GoodTraffic):
         values = sorted(lat for at, lat in list(self.timed) if start <= at < end)
         return round(values[int(len(values) * 0.99)] * 1000, 1) if values else 0.0
 
-    def _produce(self) -> None:
-        from confluent_kafka import Producer
-
-        producer = Producer({"bootstrap.servers": self.bootstrap, "client.id": self.name,
-                             "acks": "all", "enable.idempotence": True, "linger.ms": 5,
-                             "message.timeout.ms": 300_000})
-
-        def delivered(sent_at: float, err: Any, msg: Any) -> None:
-            if err is None:
-                self.acked.append(msg.key())
-                self.latencies.append(time.monotonic() - sent_at)
-                self.timed.append((sent_at, self.latencies[-1]))
-            else:
-                self.errors.append(str(err))
-
-        start = time.monotonic()
-        while not self._stop.is_set():
-            due = start + self.sent / self.rate
-            now = time.monotonic()
-            if now < due:
-                producer.poll(min(due - now, 0.05))
-                continue
-            key = b"%s-%09d" % (self.name.encode(), self.sent)
-            try:
-                producer.produce(self.topic, key=key, value=self.value,
-                                 on_delivery=functools.partial(delivered, now),
-                                 partition=self.sent % self.partitions)
-                self.sent += 1
-            except BufferError:
-                producer.poll(0.05)
-            producer.poll(0)
-        producer.flush(300)
+    def delivered(self, sent_at: float, err: Any, msg: Any) -> None:
+        super().delivered(sent_at, err, msg)
+        if err is None:
+            self.timed.append((sent_at, self.latencies[-1]))
 
 
 def _api_versions_v0(correlation: int) -> bytes:

@@ -585,6 +585,7 @@ class Fuzzer:
         self._mutations = [m for m, _ in MUTATIONS]
         self._weights = [w for _, w in MUTATIONS]
         self._deadline = 0.0
+        self._readers: set[asyncio.Task[None]] = set()
 
     # -------------------------------------------------------------------------- the run
     def run(self) -> None:
@@ -603,6 +604,9 @@ class Fuzzer:
         workers += [self._worker(1000 + i, self._slowloris) for i in range(3)]
         workers.append(self._worker(2000, self._idle))
         await asyncio.gather(*workers)
+        for task in list(self._readers):  # connections the proxy has not closed yet
+            task.cancel()
+        await asyncio.gather(*self._readers, return_exceptions=True)
 
     def _stopping(self) -> bool:
         return self.counts["frames"] >= self.target or time.monotonic() > self._deadline
@@ -633,7 +637,9 @@ class Fuzzer:
         self.counts["connections"] += 1
         conn = Connection(reader, writer, quota)
         if read:
-            asyncio.get_running_loop().create_task(self._read(conn))
+            task = asyncio.get_running_loop().create_task(self._read(conn))
+            self._readers.add(task)  # (a task only the loop references may be collected)
+            task.add_done_callback(self._readers.discard)
         return conn
 
     async def _read(self, conn: Connection) -> None:
