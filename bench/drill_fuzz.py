@@ -996,6 +996,13 @@ def _offered(port: int) -> dict[int, tuple[int, int]]:
     return {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in answer.api_keys}
 
 
+def _broker_abort(log: Path) -> str:
+    """The line of the broker's log that says why it died."""
+    lines = [line for line in log.read_text(errors="replace").splitlines()
+             if "memory allocation" in line or "panicked" in line or "abort" in line]
+    return lines[-1][:200] if lines else "(no reason in its log)"
+
+
 def _total(metrics: dict[str, float], before: dict[str, float], prefix: str) -> int:
     """The growth of every series whose name starts with ``prefix``, summed."""
     return int(sum(v - before.get(k, 0.0) for k, v in metrics.items() if k.startswith(prefix)))
@@ -1046,6 +1053,7 @@ def run(frames: int = 1_000_000, seconds_cap: float = 1200.0, seed: int = 1,
             tally = good.stop()
             after = proxy.metrics()
             alive = proxy.alive and proxy.process.pid == pid
+            broker_alive = broker.process is not None and broker.process.poll() is None
         finally:
             proxy.stop()
     lag = loop_lag(during, before)
@@ -1065,6 +1073,12 @@ def run(frames: int = 1_000_000, seconds_cap: float = 1200.0, seed: int = 1,
         "versions_without_kio_schema": len(maker.borrowed),
         "pool_generation_s": round(generation_s, 1),
         "proxy_alive": alive,
+        # The frames reach the broker as the clients sent them (the proxy reads request bodies
+        # only where a feature needs them): a mutated array length can make tansu 0.6 abort
+        # ("memory allocation of 103079215104 bytes failed"). Its own crash, reported apart;
+        # the good clients' messages not yet consumed then are lost with it.
+        "broker_alive": broker_alive,
+        "broker_abort": "" if broker_alive else _broker_abort(workdir / "tansu.log"),
         "proxy_crashes": 0 if alive else 1,
         "tracebacks": traceback_lines(proxy),
         "internal_errors": _closes(after, before).get("internal_error", 0),

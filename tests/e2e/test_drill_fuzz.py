@@ -43,6 +43,13 @@ def test_fuzz_bounded(tmp_path: Path) -> None:
     assert figures["rss_peak_mb"] - figures["rss_start_mb"] < 150
     assert figures["fds_end"] <= figures["fds_start"] + 4
     assert figures["good_acked"] > 1_000
-    assert figures["good_lost"] == 0 and figures["good_duplicated"] == 0
-    assert figures["good_errors"] == 0
+    assert figures["good_duplicated"] == 0
+    if figures["broker_alive"]:
+        assert figures["good_lost"] == 0 and figures["good_errors"] == 0
+    else:
+        # A mutated frame aborted tansu itself (it allocates what an array length says; about
+        # a few runs in a hundred of this size): what the broker held is gone with it, which is not
+        # the proxy's doing. The proxy survived it (asserted above) and told every client.
+        assert "memory allocation" in figures["broker_abort"], figures["broker_abort"]
+        assert figures["closes"].get("upstream_unreachable", 0) > 0
     assert figures["capture_records"] > 0 and figures["capture_dropped"] == 0
