@@ -21,7 +21,7 @@ demo: $(VENV)/.installed-demo
 	$(BIN)/kafka-quota-proxy demo
 
 lint: $(VENV)/.installed-test
-	$(BIN)/ruff check protocol proxy quota routing spark_jobs tests bench
+	$(BIN)/ruff check cli config demo protocol proxy quota routing spark_jobs volume_agent tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import psutil
 
-from proxy.embedded_broker import TansuBroker
+from demo.embedded_broker import TansuBroker
 from tests.support import ProxyProcess, new_topic, wait_for
 
 __all__ = ["GoodTraffic", "ProcessWatch", "ProxyProcess", "Tally", "loop_lag", "tansu_broker",

@@ -66,7 +66,7 @@ from bench.drill_common import (
     traceback_lines,
     wait_for,
 )
-from proxy.embedded_broker import TansuBroker
+from demo.embedded_broker import TansuBroker
 
 FAULTS = ("broker_stop", "proxy_restart", "broker_kill")
 

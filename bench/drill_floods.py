@@ -63,7 +63,8 @@ from bench.drill_common import (
     traceback_lines,
     wait_for,
 )
-from proxy.config import ConfigError, parse_config
+from config.errors import ConfigError
+from config.loading import parse_config
 from tests.support import KafkaWire
 
 GOOD = "floods-good"  # the good producer's client-id, which the quota section limits

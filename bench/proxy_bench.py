@@ -44,7 +44,7 @@ import yaml
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from proxy.embedded_broker import TansuBroker, free_port, tansu_binary
+from demo.embedded_broker import TansuBroker, free_port, tansu_binary
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"

@@ -40,7 +40,7 @@ from proxy_bench import (
     wait_ready,
 )
 
-from proxy.embedded_broker import TansuBroker, free_port
+from demo.embedded_broker import TansuBroker, free_port
 from quota.entities import DEFAULT, EntityKey, QuotaType
 from quota.manager import QuotaManager, QuotaSettings
 

@@ -1,4 +1,4 @@
-"""kafka-quota-proxy: the asyncio layer (listeners, connections, config, metrics, CLI)."""
+"""The network runtime: listeners, connections, filters. Imports config, protocol, quota, routing"""
 
 from importlib.metadata import PackageNotFoundError, version
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from proxy.config import PortRange
+from config.schema import PortRange
 from proxy.logs import get_logger
 
 log = get_logger("kafka_quota_proxy.brokers")

@@ -35,7 +35,7 @@ from routing.selector import ClientMetadata, LeaderSelector
 from routing.topology import Topology
 
 if TYPE_CHECKING:
-    from proxy.config import RacksConfig
+    from config.schema import RacksConfig
 
 UNKNOWN_TOPIC_OR_PARTITION = 3
 BOUNCE_MS = 60_000

@@ -20,11 +20,13 @@ import socket
 import time
 from typing import Any
 
+from config.errors import ConfigError
+from config.loading import load_config
+from config.schema import ProxyConfig
 from protocol.rewrite import ResponseRewriter
 from proxy.brokers import Broker, BrokerRegistry
 from proxy.capture import Capture
 from proxy.cluster import fetch_brokers
-from proxy.config import ConfigError, ProxyConfig, load_config
 from proxy.connection import ProxiedConnection
 from proxy.logs import get_logger
 from proxy.metrics import EntityRow, ProxyStats, make_registry, serve_metrics

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
-from proxy.config import HostPort, StorageConfig
+from config.schema import HostPort, StorageConfig
 from proxy.logs import route_client_logs
 from quota.storage import OPEN, ClusterVolumes, Snapshot, SnapshotError, State, Verdict
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from proxy.embedded_broker import free_port, free_port_range, wait_for_port
+from demo.embedded_broker import free_port, free_port_range, wait_for_port
 
 T = TypeVar("T")
 

@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from proxy.embedded_broker import TansuBroker
+from demo.embedded_broker import TansuBroker
 from tests.support import ProxyProcess, wait_for
 
 

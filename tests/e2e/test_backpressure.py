@@ -16,9 +16,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kio.schema.fetch.v12.request import FetchPartition, FetchTopic
 from kio.static.primitive import i32Timedelta
 
+from demo.embedded_broker import TansuBroker
 from protocol.headers import parse_response_header
 from protocol.rewrite import decode_response
-from proxy.embedded_broker import TansuBroker
 from tests.support import KafkaWire, ProxyProcess, wait_for
 
 pytestmark = pytest.mark.e2e

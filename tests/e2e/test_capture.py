@@ -18,7 +18,7 @@ import pytest
 import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from proxy.embedded_broker import TansuBroker
+from demo.embedded_broker import TansuBroker
 from tests.support import KafkaWire, ProxyProcess, new_topic, reproduce_capture, wait_for
 
 pytestmark = pytest.mark.e2e

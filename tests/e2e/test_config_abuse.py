@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from proxy.embedded_broker import TansuBroker
+from demo.embedded_broker import TansuBroker
 from tests.support import KafkaWire, ProxyProcess, wait_for
 from tests.unit.test_config import _alias_bomb
 

@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 import pytest
 
-from proxy.embedded_broker import TansuBroker
+from demo.embedded_broker import TansuBroker
 from tests.support import KafkaWire, ProxyProcess, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from proxy.embedded_broker import TansuBroker
+from demo.embedded_broker import TansuBroker
 from tests.support import ProxyProcess, new_topic, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from proxy.embedded_broker import TansuBroker
+from demo.embedded_broker import TansuBroker
 from tests.support import ProxyProcess, new_topic, reproduce_capture
 
 pytestmark = pytest.mark.e2e

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from proxy.embedded_broker import TansuBroker
+from demo.embedded_broker import TansuBroker
 from quota.storage import Snapshot, Volume
 from tests.e2e.test_quotas import cycle_rate
 from tests.support import ProxyProcess, new_topic, reproduce_capture, wait_for

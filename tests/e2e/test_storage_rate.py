@@ -17,7 +17,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from confluent_kafka import KafkaError, Producer
 
-from proxy.embedded_broker import TansuBroker
+from demo.embedded_broker import TansuBroker
 from tests.e2e.test_storage import BASE, GB, Publisher
 from tests.support import ProxyProcess, new_topic, wait_for
 

@@ -20,7 +20,7 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from proxy.embedded_broker import TansuBroker, free_port
+from demo.embedded_broker import TansuBroker, free_port
 from quota.storage import Limit, LimitType, Snapshot
 from tests.support import wait_for
 

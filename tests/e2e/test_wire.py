@@ -7,9 +7,9 @@ import uuid
 
 import pytest
 
+from demo.embedded_broker import TansuBroker
 from protocol import apis
 from protocol._api_table import API_TABLE
-from proxy.embedded_broker import TansuBroker
 from tests.support import KafkaWire, ProxyProcess
 
 pytestmark = pytest.mark.e2e

@@ -6,9 +6,10 @@ import asyncio
 
 import pytest
 
+from config.loading import parse_config
+from config.schema import PortRange
+from demo.embedded_broker import free_port, free_port_range
 from proxy.brokers import Broker, BrokerPortsExhausted, BrokerRegistry
-from proxy.config import PortRange, parse_config
-from proxy.embedded_broker import free_port, free_port_range
 
 
 def _registry(first: int = 9193, last: int = 9292, refuse: set[int] | None = None

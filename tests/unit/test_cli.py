@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from cli.main import build_parser, main
 from proxy import __version__
-from proxy.cli import build_parser, main
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 60

@@ -15,15 +15,10 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from proxy.config import (
-    DEFAULT_MAX_FRAME_BYTES,
-    ConfigError,
-    HostPort,
-    PortRange,
-    ProxyConfig,
-    load_config,
-    parse_config,
-)
+from config.errors import ConfigError
+from config.loading import load_config, parse_config
+from config.schema import HostPort, PortRange, ProxyConfig
+from protocol.stream import DEFAULT_MAX_FRAME_BYTES
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"

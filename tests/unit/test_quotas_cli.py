@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import ConfigError, parse_config, parse_quotas
+from config.errors import ConfigError
+from config.loading import parse_config, parse_quotas
 from quota.entities import DEFAULT, EntityKey, QuotaType
 
 BASE = """listeners:

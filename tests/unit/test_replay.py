@@ -8,7 +8,7 @@ import yaml
 from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
-from proxy.config import QuotasConfig
+from config.schema import QuotasConfig
 from quota.entities import DEFAULT, EntityKey, QuotaType
 from quota.manager import QuotaSettings
 from quota.replay import (

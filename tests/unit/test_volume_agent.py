@@ -15,10 +15,12 @@ from typing import Any
 
 import pytest
 
-from proxy import volume_agent
-from proxy.cli import main
-from proxy.config import AgentFile, VolumeLimitsConfig, load_agent_config
-from proxy.volume_agent import (
+from cli.main import main
+from config.loading import load_agent_config
+from config.schema import AgentFile, VolumeLimitsConfig
+from quota.storage import Limit, LimitType, Snapshot, Volume
+from volume_agent import agent as volume_agent
+from volume_agent.agent import (
     AgentError,
     AgentMetrics,
     VolumeAgent,
@@ -27,7 +29,6 @@ from proxy.volume_agent import (
     run_agent,
     snapshot,
 )
-from quota.storage import Limit, LimitType, Snapshot, Volume
 
 REPO = Path(__file__).resolve().parents[2]
 SLACK = 64 * 1024 * 1024  # other processes may write to the filesystem between two reads

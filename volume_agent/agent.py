@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from proxy.config import AgentFile, StorageConfig, VolumeAgentConfig, VolumeLimitsConfig
+from config.schema import AgentFile, StorageConfig, VolumeAgentConfig, VolumeLimitsConfig
 from proxy.logs import get_logger
 from proxy.metrics import serve_metrics
 from quota.storage import Snapshot, Volume

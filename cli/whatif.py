@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
-from proxy.config import QuotaEntityConfig, QuotasConfig
+from config.schema import QuotaEntityConfig, QuotasConfig
 from quota.entities import ANONYMOUS, EntityKey, QuotaType
 from quota.manager import QuotaManager, QuotaSettings, percent_of_thread
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from config.loading import parse_config
+from demo.embedded_broker import TansuBroker, free_port, free_port_range
 from proxy import logs
-from proxy.config import parse_config
-from proxy.embedded_broker import TansuBroker, free_port, free_port_range
 from proxy.server import Proxy
 
 TOPIC = "demo-events"

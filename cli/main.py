@@ -9,15 +9,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from config.errors import ConfigError
+from config.loading import load_agent_config, load_config, load_quotas_config
+from config.schema import QuotasConfig
+from config.summary import summarize
 from proxy import __version__
-from proxy.config import (
-    ConfigError,
-    QuotasConfig,
-    load_agent_config,
-    load_config,
-    load_quotas_config,
-    summarize,
-)
 
 
 def _event_loop_runner(coro: Any) -> int:
@@ -75,7 +71,7 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
 
 async def _run_volume_agent(config_path: str) -> int:
     from proxy import logs
-    from proxy.volume_agent import AgentError, run_agent
+    from volume_agent.agent import AgentError, run_agent
 
     file = load_agent_config(config_path)
     logs.configure(file.logging.format, file.logging.level)
@@ -116,7 +112,7 @@ def _load_quotas(path: str, *, quota_only: bool = False) -> QuotasConfig | None:
 def _cmd_quotas_resolve(args: argparse.Namespace) -> int:
     import json
 
-    from proxy.quotas_cli import resolve_json
+    from cli.whatif import resolve_json
 
     quotas = _load_quotas(args.config, quota_only=True)
     if quotas is None:
@@ -126,7 +122,7 @@ def _cmd_quotas_resolve(args: argparse.Namespace) -> int:
 
 
 def _cmd_quotas_simulate(args: argparse.Namespace) -> int:
-    from proxy.quotas_cli import run_simulate
+    from cli.whatif import run_simulate
 
     quotas = _load_quotas(args.config, quota_only=True)
     if quotas is None:
@@ -182,7 +178,7 @@ def _write_recommended_config(config_path: str, out: Path) -> None:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from proxy.demo import run_demo
+    from demo.run import run_demo
 
     return run_demo(seconds=args.seconds, messages_per_second=args.rate)
 

@@ -1,0 +1,1 @@
+"""The YAML configuration: schema, checks, loading, errors. Imports protocol, quota, routing."""
