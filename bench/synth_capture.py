@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy.capture import FIELDS, SCHEMA
+from proxy.capture_writer import FIELDS, SCHEMA
 
 ROWS_PER_FILE = 2_000_000
 

@@ -13,27 +13,28 @@ from protocol.errors import CorrelationError
 
 
 class InFlight:
-    """One request seen on a connection. ``annotation``, ``reserved`` and ``pending`` are free
-    for the I/O layer (for instance the time the request was forwarded, a quota budget it
-    holds a reservation on, and a record waiting for the response to complete); the protocol
-    layer never reads them."""
+    """One request seen on a connection, from its header to its response: what the filters of
+    the I/O layer need to carry along (the protocol layer sets the request's and response's
+    facts, ``route`` and ``throttle_ms`` are read by the rewriter; the rest it never reads)."""
 
     __slots__ = (
-        "annotation",
         "api_key",
         "api_version",
+        "capture_row",
         "client_id",
         "correlation_id",
         "expects_response",
         "follower",
+        "forwarded_at",
         "partitions",
-        "pending",
+        "quota_reservation",
+        "recorded",
         "request_size",
-        "reserved",
         "response_size",
         "route",
         "storage_scale",
         "throttle_ms",
+        "throttled_by",
     )
 
     def __init__(
@@ -53,10 +54,13 @@ class InFlight:
         self.expects_response = expects_response
         self.response_size = 0
         self.throttle_ms = 0  # set by the I/O layer when a quota throttles this request
+        self.throttled_by: Any = None  # ... and which (the quota type)
         self.follower = False  # a Fetch from a replica (replica_id >= 0), not a consumer
-        self.annotation: Any = None
-        self.reserved: Any = None
-        self.pending: Any = None
+        self.forwarded_at: float = 0.0  # when the request was forwarded (perf_counter seconds)
+        # what the request holds of a quota budget until its response starts (pipelining)
+        self.quota_reservation: Any = None
+        self.recorded: Any = None  # what the quotas recorded for it (``proxy.filters.quotas``)
+        self.capture_row: Any = None  # its capture row, waiting for the frame to end
         # Fetch: ``protocol.fetch.Chooser`` picking partitions' preferred_read_replica
         self.route: Any = None
         # Produce: the storage scale in force when the I/O layer read the request

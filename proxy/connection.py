@@ -1,140 +1,120 @@
 """One proxied connection: a client socket paired with its own upstream broker socket.
 
 The asyncio protocols here are thin adapters over the sans-IO streams in ``protocol.stream``:
-``data_received`` feeds the stream and writes what it returns. Backpressure: when one side's
-write buffer passes its high-water mark, reading from the other side pauses until it drains.
+``data_received`` feeds the stream and writes what it returns. The connection keeps framing,
+flow control and the correlation table; every feature of the request path is a filter
+(``proxy.filters``), called through the chain resolved when the connection is made.
+Backpressure: when one side's write buffer passes its high-water mark, reading from the other
+side pauses until it drains.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import struct
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from protocol.apis import ApiKey
 from protocol.correlation import CorrelationTable, InFlight
 from protocol.errors import ProtocolError
-from protocol.fetch import ask_for_nothing, parse_fetch_request
-from protocol.headers import parse_request_header
+from protocol.interests import Interest
 from protocol.rewrite import throttle_field
-from protocol.stream import RequestStream, ResponseStream
+from protocol.stream import Buffer, RequestStream, ResponseStream
+from proxy.clock import now_ms
+from proxy.context import ConnectionContext
+from proxy.filters.base import Client, FilterChain
 from proxy.flow import ReadGate
 from proxy.logs import get_logger
-from proxy.quotas import now_ms
-from quota.entities import ANONYMOUS, QuotaType
-from quota.manager import percent_of_thread
-from routing.decide import FetchSession, PartitionKey
-from routing.selector import ClientMetadata
-
-if TYPE_CHECKING:
-    from proxy.server import Proxy
-    from proxy.storage import StorageWatch
+from quota.entities import ANONYMOUS
 
 log = get_logger("kafka_quota_proxy.connection")
 
 _ids = itertools.count(1)
-_PRODUCE = int(ApiKey.PRODUCE)
 _FETCH = int(ApiKey.FETCH)
 _now = time.perf_counter
 _clock = time.monotonic
 FINISH_LINGER_S = 1.0  # draining: how long to wait for the client to close after our FIN
 CLOSE_LINGER_S = 10.0  # how long a closed connection's unsent bytes wait for a slow client
-_NO_LIMITS: frozenset[QuotaType] = frozenset()
-_FETCHING = object()  # InFlight.reserved of a consumer Fetch of a client with a fetch quota
 
 
 class ProxiedConnection(asyncio.Protocol):
     """The client-facing protocol; owns the upstream side and the sans-IO state."""
 
-    def __init__(
-        self,
-        proxy: Proxy,
-        listener: str,
-        resolve_upstream: Callable[[], list[tuple[str, int]]],
-        scope: int,
-    ) -> None:
-        self.proxy = proxy
-        self.listener = listener
-        self.scope = scope  # whose quotas apply: the upstream node id, or the bootstrap scope
-        # The authenticated principal; ANONYMOUS until the proxy authenticates clients.
-        self.user = ANONYMOUS
+    def __init__(self, ctx: ConnectionContext,
+                 resolve_upstream: Callable[[], list[tuple[str, int]]]) -> None:
+        self.ctx = ctx
+        self.id = next(_ids)
+        # The authenticated principal is ANONYMOUS until the proxy authenticates clients.
+        self.client = Client(self.id, ctx.listener, ctx.scope, ANONYMOUS)
+        self.listener = ctx.listener
         self._muted_until = 0.0
         self._unmute: asyncio.TimerHandle | None = None
-        self._client_id: str | None = None  # from the latest request header
-        self._limits_key: tuple[int, int, str | None] = (-1, -1, None)
-        self._limits: frozenset[QuotaType] = frozenset()
-        self._fetching = 0  # consumer Fetch requests awaiting their response
-        self.id = next(_ids)
         self._resolve_upstream = resolve_upstream
         self.table = CorrelationTable()
-        cfg = proxy.config.network
-        routing = proxy.routing
-        self._routed = routing.enabled and scope >= 0  # a broker's port: fetch routing applies
-        capture_produce = proxy.config.capture is not None
-        routed = self._routed
+        net = ctx.network
+        interests = ctx.interests
 
-        def wanted(e: InFlight) -> bool:
-            """Requests read whole on their way upstream: consumer fetches to route."""
-            return routing.wants(e.api_key, e.api_version, e.follower)
+        def consumer_frame(e: InFlight) -> bool:
+            """Requests read whole on their way upstream (consumer fetches to route)."""
+            return (not e.follower
+                    and bool(interests.get(e.api_key, e.api_version)
+                             & Interest.CONSUMER_REQUEST_FRAME))
 
-        # With capture on, produce requests are measured per partition as they pass.
         self.requests = RequestStream(
-            self.table, cfg.max_frame_bytes, wanted if routed else None,
-            measure_produce=capture_produce)
-        self._session = FetchSession()
-        self._rack_key: tuple[str, str] | None = None
-        self._client_rack: str | None = None
-        self._route_key: tuple[Any, ...] | None = None
-        self._decisions: dict[PartitionKey, int] = {}
+            self.table, net.max_frame_bytes,
+            consumer_frame if interests.any & Interest.CONSUMER_REQUEST_FRAME else None,
+            measure_produce=bool(interests.any & Interest.PRODUCE_PARTITIONS))
         self.responses = ResponseStream(
             self.table,
-            proxy.rewriter,
-            cfg.max_frame_bytes,
-            proxy.rewriter.rewrite_tail,
+            ctx.rewriter,
+            net.max_frame_bytes,
+            ctx.rewriter.rewrite_tail,
             self._on_response,
-            measure_fetch=proxy.config.capture is not None,
+            measure_fetch=bool(interests.any & Interest.FETCH_PARTITIONS),
         )
         self.transport: asyncio.Transport | None = None
         self.upstream: UpstreamSide | None = None
         self.client_gate = ReadGate()
         self.client_gate.on_resume = self._read_held
-        self.peer = "?"
-        self._peer_ip: str | None = None
         self.closed = False
         self._early: list[bytes] = []
         self._connect_task: asyncio.Task[None] | None = None
-        self._max_in_flight = cfg.max_in_flight_requests
+        self._max_in_flight = net.max_in_flight_requests
         # For the proxy's sweep (``Proxy._sweep``): when bytes last went either way, and
         # when the frame in progress from the client began (None: between frames).
         self.last_active = _clock()
         self.frame_started: float | None = None
         self._finishing = False  # draining: answered, FIN sent, what comes is discarded
+        self.chain = FilterChain([make(self) for make in ctx.filters])
+
+    @property
+    def peer(self) -> str:
+        return self.client.peer
 
     # ------------------------------------------------------------------ client side
     def connection_made(self, base: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, base)
-        if not self.proxy.admit():
+        if not self.ctx.host.admit():
             self.closed = True
             transport.abort()
             return
         self.transport = transport
         peer = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        self._peer_ip = peer[0] if peer else None
-        net = self.proxy.config.network
+        self.client.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.client.peer_ip = peer[0] if peer else None
+        net = self.ctx.network
         transport.set_write_buffer_limits(net.write_buffer_high_bytes, net.write_buffer_low_bytes)
         self.client_gate.attach(transport)
         self.client_gate.pause("connecting")
-        self.proxy.connection_opened(self)
+        self.ctx.host.connection_opened(self)
         self._connect_task = asyncio.get_running_loop().create_task(self._connect_upstream())
 
     async def _connect_upstream(self) -> None:
         loop = asyncio.get_running_loop()
         errors = []
-        timeout = self.proxy.config.upstream.connect_timeout_seconds
+        timeout = self.ctx.connect_timeout_seconds
         for host, port in self._resolve_upstream():
             try:
                 transport, side = await asyncio.wait_for(
@@ -146,8 +126,8 @@ class ProxiedConnection(asyncio.Protocol):
             if self.closed:
                 transport.close()
                 return
-            if self._routed:
-                self.proxy.routing.set_reachable(self.scope, True)
+            for connected in self.chain.upstream_connected:
+                connected(True)
             # Only now is the upstream where requests go: the bytes read while connecting go
             # first, then what comes after (set when the socket connected, bytes read between
             # that and this line went ahead of the earlier ones: answered out of order).
@@ -157,75 +137,47 @@ class ProxiedConnection(asyncio.Protocol):
                 transport.writelines(early)
             self.client_gate.resume("connecting")
             return
-        if self._routed:  # no consumer is sent to this broker for a while
-            self.proxy.routing.set_reachable(self.scope, False)
+        for connected in self.chain.upstream_connected:
+            connected(False)
         self.close("upstream_unreachable", detail="; ".join(errors) or "no upstream address known")
 
-    @property
-    def _limited(self) -> frozenset[QuotaType]:
-        """The quota types limiting this client (empty: read it freely, fully pipelined)."""
-        quotas = self.proxy.quotas
-        if not quotas.active or self._client_id is None:
-            self._limits = _NO_LIMITS
-            return _NO_LIMITS
-        key = (quotas.generation, quotas.storage_epoch, self._client_id)
-        if key != self._limits_key:
-            self._limits_key = key
-            self._limits = quotas.limits(self.user, self._client_id)
-        return self._limits
-
-    def _hold_produce(self, storage: StorageWatch, data: bytes) -> bool:
-        """While storage is paused, a produce request is neither read nor forwarded: it waits
-        in the proxy, and the client is read no further, until producing may resume (a client
-        that closes meanwhile takes it away: nothing reaches the broker twice)."""
-        if (self.requests.next_api_key(data) != _PRODUCE
-                or storage.exempt(self.user, self._client_id)):
-            return False
-        self.requests.hold(data)
-        storage.park(self)
-        return True
-
-    def _headroom(self) -> bool:
-        """Whether the next request of a client with a quota may be read while earlier ones
-        still await their responses. Kafka reads one request per connection at a time, so
-        each response is recorded, and the client throttled, before the next is read. The
-        proxy keeps pipelining as long as that cannot matter:
-        - produce: while the rate, counting the requests in flight as if already recorded,
-          is below the quota (so a queued burst cannot get past the first throttle);
-        - fetch: while no consumer Fetch is in flight (its response size is unknown);
-        - request time: never (pipelined requests would wait on each other and overcount).
-        """
-        limits = self._limited
-        if QuotaType.REQUEST in limits:
-            return False
-        if QuotaType.FETCH in limits and self._fetching:
-            return False
-        if QuotaType.PRODUCE in limits:
-            return self.proxy.quotas.manager(self.scope).produce_headroom(
-                self.user, self._client_id or "", now_ms())
-        return True
-
     def _may_read_next(self) -> bool:
+        """Another request may be read: none in flight, or below the bound and every filter
+        has headroom (quotas: see ``QuotaFilter.headroom``)."""
         n = len(self.table)
-        return n == 0 or (n < self._max_in_flight and self._headroom())
+        if n == 0:
+            return True
+        if n >= self._max_in_flight:
+            return False
+        return all(headroom() for headroom in self.chain.headroom)
+
+    def _serial(self, data: bytes) -> bool | None:
+        """Whether the filters want frames read one at a time now (quotas, storage); None when
+        one holds the next frame back (it resumes reading later)."""
+        serial = False
+        for check in self.chain.serial:
+            if check():
+                serial = True
+        if serial and self.chain.hold:
+            api_key = self.requests.next_api_key(data)
+            for hold in self.chain.hold:
+                if hold(api_key):
+                    self.requests.hold(data)
+                    return None
+        return serial
 
     def data_received(self, data: bytes) -> None:
         if self._finishing:  # sent after draining began: never answered (the client saw FIN)
             return
         now = self.last_active = _clock()
         was_mid = self.requests.mid_frame
-        storage = self.proxy.storage
         while not self.closed:
-            # While storage is paused, frames are read one at a time, so that none slips
-            # past ``_hold_produce`` behind another in the same read.
-            paused = False
-            if storage is not None and storage.paused:
-                if self._hold_produce(storage, data):
-                    return
-                paused = True
+            serial = self._serial(data)
+            if serial is None:  # held back by a filter
+                return
             # Frames that may still be read before the bound on requests in flight
             room = self._max_in_flight - len(self.table)
-            limited = paused or bool(self._limited) or room <= 1
+            limited = serial or room <= 1
             try:
                 forward, events = self.requests.feed(data, stop_after_frame=limited,
                                                      max_frames=max(room, 1))
@@ -260,34 +212,32 @@ class ProxiedConnection(asyncio.Protocol):
         if self.requests.held and self._may_read_next():
             self.data_received(b"")
 
-    def _handle_requests(self, forward: Any, events: list[InFlight]) -> None:
+    def _handle_requests(self, forward: Buffer | bytearray, events: list[InFlight]) -> None:
+        chain = self.chain
         if self.requests.captured:
-            forward = self._read_captured(forward, events)
+            captured, self.requests.captured = self.requests.captured, []
+            forward = patch_captured(self.requests, forward, events, captured,
+                                     self._request_frame)
         if self.requests.measured:
             measured, self.requests.measured = self.requests.measured, []
             for entry in measured:
-                if entry.pending is not None:  # acks=0: its record waited for the frame
-                    self._capture_completed(entry)
+                for hook in chain.request_measured:
+                    hook(entry)
         if events:
-            stats = self.proxy.stats
+            stats = self.ctx.stats
             now = _now()
-            self._client_id = events[-1].client_id or ""
-            scale = self.proxy.quotas.produce_scale
+            self.client.client_id = events[-1].client_id or ""
+            request_hooks = chain.request
             for entry in events:
-                entry.annotation = now
+                entry.forwarded_at = now
                 key = entry.api_key
-                if key == _PRODUCE:
-                    entry.storage_scale = scale  # paced by it when recorded (QuotaManager)
                 stats.requests[key] += 1
                 stats.request_bytes[key] += entry.request_size
                 c = stats.client(entry.client_id)
                 c[0] += entry.request_size
                 c[2] += 1
-                if not entry.expects_response:
-                    if key == _PRODUCE:
-                        self._acks0_produce(entry)
-                elif self._limits:
-                    self._reserve(entry)
+                for hook in request_hooks:
+                    hook(entry)
         if forward:
             upstream = self.upstream
             if upstream is None:  # bytes may arrive before pausing takes hold
@@ -295,196 +245,38 @@ class ProxiedConnection(asyncio.Protocol):
             else:
                 upstream.transport.write(forward)  # type: ignore[union-attr]
 
+    def _request_frame(self, entry: InFlight, frame: bytes, patchable: bool) -> bytes | None:
+        for hook in self.chain.request_frame:
+            patched = hook(entry, frame, patchable)
+            if patched is not None:
+                return patched
+        return None
+
     def eof_received(self) -> bool | None:
         self._client_gone(None)
         return None
 
-    # ------------------------------------------------------------------ fetch routing
-    def _read_captured(self, forward: Any, events: list[InFlight]) -> Any:
-        """Read the consumer fetches captured whole on their way upstream, for routing. A
-        fetch that asks the leader for nothing of some partitions is patched in ``forward``
-        (same size) when its whole frame is there (else it goes as the client sent it)."""
-        captured, self.requests.captured = self.requests.captured, []
-        starts: dict[int, int] = {}
-        if not (self.requests.mid_frame and not self.requests.buffered):
-            # ``forward`` ends with the last frame read: the frames read now end to end
-            end = len(forward)
-            for event in reversed(events):
-                end -= event.request_size
-                starts[id(event)] = end + 4
-        out: bytearray | None = None
-        for entry, frame in captured:
-            at = starts.get(id(entry), -1)
-            whole = at >= 4 and forward[at : at + len(frame)] == frame
-            patched = self._route_fetch(entry, frame, whole)
-            if patched is not None:
-                if out is None:
-                    out = bytearray(forward)
-                out[at : at + len(patched)] = patched
-        return forward if out is None else out
-
-    def _route_fetch(self, entry: InFlight, frame: bytes, patchable: bool) -> bytes | None:
-        """Where the replica selector sends partitions of this consumer's fetch session
-        elsewhere, have the response rewritten, and (``patchable``) return the request to
-        forward instead, asking the leader for nothing of them (see ``proxy.routing``)."""
-        routing = self.proxy.routing
-        try:
-            header = parse_request_header(frame, 0, len(frame))
-            summary = parse_fetch_request(frame, header.size, entry.api_version)
-        except (IndexError, ValueError, struct.error):
-            routing.unparsed_requests += 1
-            return None
-        if not summary.from_consumer:  # Fetch v15+ carries the replica id in a tag
-            entry.follower = True
-            return None
-        cid = entry.client_id or ""
-        rack_key = (summary.rack_id, cid)
-        if rack_key != self._rack_key:
-            self._rack_key = rack_key
-            self._client_rack = routing.client_rack(summary, cid, self._peer_ip)
-        session = self._session
-        session.update(summary.session_epoch, summary.topics, summary.forgotten)
-        key = (routing.generation, self._client_rack, session.version, cid, self.user)
-        if key != self._route_key:
-            self._route_key = key
-            client = ClientMetadata(self._client_rack, cid, self.peer, self.user)
-            self._decisions = routing.decide(self.scope, client, session)
-        plan = routing.plan(cid, self._decisions, summary, session) if patchable else None
-        if plan is None:
-            if self._decisions:
-                entry.route = routing.chooser(cid, self._decisions)
-            return None
-        if plan.redirect:
-            entry.route = routing.chooser(cid, self._decisions, plan)
-        if not plan.patches:
-            return None
-        session.forwarded(summary.session_epoch, plan)
-        return ask_for_nothing(frame, summary, entry.api_version, plan.redirect,
-                               idle=plan.idle, close_session=plan.close_session)
-
-    # ------------------------------------------------------------------ quotas
-    def _reserve(self, entry: InFlight) -> None:
-        """A request of a client with a quota goes upstream: note what it holds until its
-        response (see ``_headroom``)."""
-        if entry.api_key == _PRODUCE:
-            if QuotaType.PRODUCE in self._limits:
-                sensor = self.proxy.quotas.manager(self.scope).sensor(
-                    QuotaType.PRODUCE, self.user, entry.client_id or "", now_ms())
-                sensor.in_flight += entry.request_size - 4
-                entry.reserved = sensor
-        elif entry.api_key == _FETCH and not entry.follower:
-            self._fetching += 1
-            entry.reserved = _FETCHING
-
-    def _release(self, entry: InFlight) -> None:
-        held, entry.reserved = entry.reserved, None
-        if held is _FETCHING:
-            self._fetching -= 1
-        elif held is not None:
-            held.in_flight -= entry.request_size - 4
-
-    def _acks0_produce(self, entry: InFlight) -> None:
-        """acks=0: no response to throttle, but the client is still held back (and its
-        request time is exempt, as in Kafka)."""
-        quotas = self.proxy.quotas
-        throttle = 0
-        now = now_ms()
-        if quotas.enabled(QuotaType.PRODUCE):
-            throttle = quotas.manager(self.scope).record(
-                QuotaType.PRODUCE, self.user, entry.client_id or "", entry.request_size - 4,
-                now)
-            if throttle > 0:
-                self.proxy.stats.throttled[QuotaType.PRODUCE.short] += 1
-                self.proxy.stats.throttle_ms[QuotaType.PRODUCE.short] += throttle
-                self.mute(throttle)
-        if self.proxy.capture is not None:
-            self._capture(entry, now, -1, 0.0, throttle, 0, 0)
-
+    # ------------------------------------------------------------------ responses
     def _on_response(self, entry: InFlight) -> bool:
-        """Record this response's quotas; throttle the client if one is violated. Returns
+        """A response starts: the filters record it (and may throttle the client). Returns
         whether the response goes through the rewriter (to set ``throttle_time_ms`` or
         ``preferred_read_replica``)."""
-        if entry.reserved is not None:
-            self._release(entry)
+        hooks = self.chain.response
+        if hooks:
+            now = now_ms()
+            elapsed_ms = (_now() - entry.forwarded_at) * 1000.0
+            for hook in hooks:
+                hook(entry, now, elapsed_ms)
         routed = entry.route is not None  # the rewriter sets preferred_read_replica
-        quotas = self.proxy.quotas
-        capture = self.proxy.capture
-        if not quotas.active and capture is None:
+        throttle = entry.throttle_ms
+        if throttle <= 0:
             return routed
-        key = entry.api_key
-        cid = entry.client_id or ""
-        now = now_ms()
-        elapsed_ms = (_now() - entry.annotation) * 1000.0
-        manager = quotas.manager(self.scope) if quotas.active else None
-        byte_throttle = request_throttle = 0
-        kind = None
-        request_time = 0.0
-        if manager is not None:
-            if key == _PRODUCE and quotas.enabled(QuotaType.PRODUCE):
-                kind = QuotaType.PRODUCE
-                byte_throttle = manager.record(kind, self.user, cid, entry.request_size - 4, now,
-                                               entry.storage_scale)
-            elif key == _FETCH and not entry.follower and quotas.enabled(QuotaType.FETCH):
-                kind = QuotaType.FETCH
-                byte_throttle = manager.record(kind, self.user, cid, entry.response_size - 4,
-                                               now)
-            if quotas.enabled(QuotaType.REQUEST) and not entry.follower:
-                # Request time: proxy processing plus the upstream round trip (the proxy
-                # cannot see broker thread time), as a percentage of one thread.
-                request_time = elapsed_ms
-                request_throttle = manager.record(
-                    QuotaType.REQUEST, self.user, cid, percent_of_thread(elapsed_ms), now)
-        if capture is not None:
-            self._capture(entry, now, elapsed_ms, request_time,
-                          byte_throttle if key == _PRODUCE else 0,
-                          byte_throttle if key == _FETCH else 0, request_throttle)
-        throttle = byte_throttle
-        if request_throttle > throttle:
-            throttle, kind = request_throttle, QuotaType.REQUEST
-        storage = self.proxy.storage
-        if (key == _PRODUCE and storage is not None and storage.paused
-                and storage.pause_ms > throttle and not storage.exempt(self.user, cid)):
-            throttle, kind = storage.pause_ms, QuotaType.PRODUCE  # back off while paused
-        if throttle <= 0 or kind is None:
-            return routed
-        entry.throttle_ms = throttle
-        self.proxy.stats.throttled[kind.short] += 1
-        self.proxy.stats.throttle_ms[kind.short] += throttle
+        stats = self.ctx.stats
+        kind = entry.throttled_by.short
+        stats.throttled[kind] += 1
+        stats.throttle_ms[kind] += throttle
         self.mute(throttle)
-        return routed or throttle_field(key, entry.api_version) is not None
-
-    def _capture(self, entry: InFlight, quota_ms: int, elapsed_ms: float, request_time: float,
-                 produce_ms: int, fetch_ms: int, request_ms: int) -> None:
-        """One capture record (``proxy.capture.FIELDS`` order). A Fetch's waits on
-        ``entry.pending`` for its response to complete (the stream measures its partitions on
-        the way), and an acks=0 Produce's for the rest of its frame (read for its partitions):
-        its sequence number is taken now, in the order the quotas recorded."""
-        capture = self.proxy.capture
-        assert capture is not None
-        answered = elapsed_ms >= 0
-        wall = time.time() * 1000.0 - (_now() - entry.annotation) * 1000.0
-        row = (
-            capture.run, capture.next_seq(), int(wall), quota_ms, self.id, self.scope, self.user,
-            entry.client_id or "", self._peer_ip or "", entry.api_key, entry.api_version,
-            entry.request_size, entry.response_size if answered else -1,
-            int(elapsed_ms * 1000) if answered else -1, request_time, entry.follower,
-            produce_ms, fetch_ms, request_ms, self._client_rack,
-            self.proxy.quotas.generation,
-            entry.storage_scale if entry.api_key == _PRODUCE else self.proxy.quotas.produce_scale,
-            _partition_rows(entry.partitions),
-        )
-        if (entry.api_key == _FETCH and answered) or entry is self.requests.measuring:
-            entry.pending = row
-        else:
-            capture.record(row)
-
-    def _capture_completed(self, entry: InFlight) -> None:
-        """The capture record of a Fetch whose response has completed, or of an acks=0
-        Produce whose frame has (or of either, cut short)."""
-        row, entry.pending = entry.pending, None
-        capture = self.proxy.capture
-        assert capture is not None
-        capture.record((*row[:-1], _partition_rows(entry.partitions)))
+        return routed or throttle_field(entry.api_key, entry.api_version) is not None
 
     def mute(self, throttle_ms: int) -> None:
         """KIP-219: read nothing more from this client until the throttle time has passed."""
@@ -514,7 +306,7 @@ class ProxiedConnection(asyncio.Protocol):
             self.close("client_closed")
 
     def pause_writing(self) -> None:  # client is slow: stop reading the broker
-        self.proxy.stats.backpressure["client_slow"] += 1
+        self.ctx.stats.backpressure["client_slow"] += 1
         if self.upstream is not None:
             self.upstream.gate.pause("client_backpressure")
 
@@ -522,7 +314,6 @@ class ProxiedConnection(asyncio.Protocol):
         if self.upstream is not None:
             self.upstream.gate.resume("client_backpressure")
 
-    # ------------------------------------------------------------------ responses
     def upstream_data(self, data: bytes) -> None:
         self.last_active = _clock()
         try:
@@ -540,22 +331,19 @@ class ProxiedConnection(asyncio.Protocol):
         elif segments:
             transport.writelines(segments)
         if done:
-            stats = self.proxy.stats
+            stats = self.ctx.stats
             now = _now()
+            done_hooks = self.chain.response_done
             for entry in done:
                 key = entry.api_key
                 stats.response_bytes[key] += entry.response_size
                 stats.client(entry.client_id)[1] += entry.response_size
-                stats.observe_latency(key, now - entry.annotation)
-                if key == _FETCH:
-                    if self._routed and not entry.follower:
-                        self.proxy.routing.count_fetch(self._client_rack, self.scope,
-                                                       entry.response_size)
-                    if entry.pending is not None:
-                        self._capture_completed(entry)
+                stats.observe_latency(key, now - entry.forwarded_at)
+                for hook in done_hooks:
+                    hook(entry)
             if self.client_gate.has("serial") and self._may_read_next():
                 self.client_gate.resume("serial")  # reads held requests unless still muted
-            if self.proxy.draining and not self.table:
+            if self.ctx.host.draining and not self.table:
                 self.finish()
 
     # ------------------------------------------------------------------ lifecycle
@@ -588,12 +376,6 @@ class ProxiedConnection(asyncio.Protocol):
         if self._finishing:
             reason = "shutdown"  # the client closing after our FIN, or the linger ending
         self.closed = True
-        if self.proxy.storage is not None:
-            self.proxy.storage.unpark(self)  # a waiting produce request goes with the client
-        if self._routed and self.table and reason in ("upstream_closed", "upstream_error"):
-            # A broker does not drop connections with requests in flight unless it is going
-            # away: send no consumer to it for a while.
-            self.proxy.routing.set_reachable(self.scope, False)
         fields: dict[str, Any] = {
             "connection": self.id,
             "listener": self.listener,
@@ -615,13 +397,8 @@ class ProxiedConnection(asyncio.Protocol):
             self._connect_task.cancel()
         if self._unmute is not None:
             self._unmute.cancel()
-        for cut_short in (self.responses.in_progress, self.requests.measuring):
-            if cut_short is not None and cut_short.pending is not None:
-                cut_short.partitions = None
-                self._capture_completed(cut_short)
-        for entry in self.table.entries():
-            if entry.reserved is not None:
-                self._release(entry)
+        for closed in self.chain.closed:  # (the table still holds what was in flight)
+            closed(reason)
         upstream = self.upstream.transport if self.upstream is not None else None
         if upstream is not None:
             if self.table or upstream.get_write_buffer_size():
@@ -635,13 +412,32 @@ class ProxiedConnection(asyncio.Protocol):
             transport.close()  # what is buffered for the client is still sent...
             if transport.get_write_buffer_size():  # ...if the client reads it in time
                 asyncio.get_running_loop().call_later(CLOSE_LINGER_S, transport.abort)
-        self.proxy.connection_closed(self, reason)
+        self.ctx.host.connection_closed(self, reason)
 
 
-def _partition_rows(partitions: Any) -> list[tuple[str, int, int]] | None:
-    if not partitions:
-        return None
-    return [(t if isinstance(t, str) else t.hex(), p, n) for t, p, n in partitions]
+def patch_captured(requests: RequestStream, forward: Buffer | bytearray, events: list[InFlight],
+                   captured: list[tuple[InFlight, bytes]],
+                   visit: Callable[[InFlight, bytes, bool], bytes | None]) -> Buffer | bytearray:
+    """The requests captured whole on their way upstream, each given to ``visit(entry, frame,
+    patchable)``; a frame ``visit`` replaces (same size) is patched in ``forward`` when its
+    whole frame is there (``patchable``: else it goes as the client sent it)."""
+    starts: dict[int, int] = {}
+    if not (requests.mid_frame and not requests.buffered):
+        # ``forward`` ends with the last frame read: the frames read now end to end
+        end = len(forward)
+        for event in reversed(events):
+            end -= event.request_size
+            starts[id(event)] = end + 4
+    out: bytearray | None = None
+    for entry, frame in captured:
+        at = starts.get(id(entry), -1)
+        whole = at >= 4 and forward[at : at + len(frame)] == frame
+        patched = visit(entry, frame, whole)
+        if patched is not None:
+            if out is None:
+                out = bytearray(forward)
+            out[at : at + len(patched)] = patched
+    return forward if out is None else out
 
 
 class UpstreamSide(asyncio.Protocol):
@@ -654,7 +450,7 @@ class UpstreamSide(asyncio.Protocol):
 
     def connection_made(self, base: asyncio.BaseTransport) -> None:
         transport = self.transport = cast(asyncio.Transport, base)
-        net = self.conn.proxy.config.network
+        net = self.conn.ctx.network
         transport.set_write_buffer_limits(net.write_buffer_high_bytes, net.write_buffer_low_bytes)
         self.gate.attach(transport)
 
@@ -671,7 +467,7 @@ class UpstreamSide(asyncio.Protocol):
         )
 
     def pause_writing(self) -> None:  # broker is slow: stop reading the client
-        self.conn.proxy.stats.backpressure["upstream_slow"] += 1
+        self.conn.ctx.stats.backpressure["upstream_slow"] += 1
         self.conn.client_gate.pause("upstream_backpressure")
 
     def resume_writing(self) -> None:

@@ -7,19 +7,14 @@ import asyncio
 import os
 from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from protocol.apis import api_name
-from proxy.capture import Capture
-
-if TYPE_CHECKING:
-    from proxy.storage import StorageWatch
-from proxy.routing import FetchRouting
 
 EntityRow = tuple[str, str, str, str, float, float | None, int, int]
 
@@ -74,9 +69,9 @@ class ProxyStats:
         # the busiest budgets: (broker, quota, user, client_id, rate, limit, throttled, ms)
         self.quota_entities: Callable[[], list[EntityRow]] = list
         self.brokers_known: Callable[[], int] = lambda: 0
-        self.routing: FetchRouting | None = None  # rack-aware fetch routing, when configured
-        self.capture: Capture | None = None  # traffic capture, when configured
-        self.storage: StorageWatch | None = None  # storage-aware throttling, when configured
+        # Each configured feature's own metric families (fetch routing, capture, storage),
+        # collected at scrape time after the runtime's.
+        self.feature_families: list[Callable[[], Iterable[Any]]] = []
 
     def observe_latency(self, api_key: int, seconds: float) -> None:
         buckets = self.latency_buckets.get(api_key)
@@ -113,7 +108,7 @@ def _open_fds() -> int:
         return -1
 
 
-def _family(kind: Any, name: str, doc: str, label: str, values: dict[str, int]) -> Any:
+def family(kind: Any, name: str, doc: str, label: str, values: dict[str, int]) -> Any:
     family = kind(name, doc, labels=[label])
     for key, value in values.items():
         family.add_metric([key], value)
@@ -147,13 +142,13 @@ class _Collector(Collector):
 
     def collect(self) -> Iterator[Any]:
         s = self.stats
-        yield _family(GaugeMetricFamily, "kafka_proxy_connections", "Open client connections",
+        yield family(GaugeMetricFamily, "kafka_proxy_connections", "Open client connections",
                       "listener", s.connections_open)
-        yield _family(CounterMetricFamily, "kafka_proxy_connections_accepted",
+        yield family(CounterMetricFamily, "kafka_proxy_connections_accepted",
                       "Client connections accepted", "listener", s.connections_total)
-        yield _family(CounterMetricFamily, "kafka_proxy_connections_closed",
+        yield family(CounterMetricFamily, "kafka_proxy_connections_closed",
                       "Client connections closed, by reason", "reason", s.closed)
-        yield _family(CounterMetricFamily, "kafka_proxy_connections_refused",
+        yield family(CounterMetricFamily, "kafka_proxy_connections_refused",
                       "Client connections refused at accept, by reason", "reason", s.refused)
         for name, doc, value in (
             ("kafka_proxy_max_connections", "Client connections allowed at once",
@@ -175,7 +170,7 @@ class _Collector(Collector):
         )
         for name, doc, data in counters:
             by_name = {api_name(key): v for key, v in sorted(data.items())}
-            yield _family(CounterMetricFamily, name, doc, "api", by_name)
+            yield family(CounterMetricFamily, name, doc, "api", by_name)
         h = HistogramMetricFamily(
             "kafka_proxy_upstream_latency_seconds",
             "Time from forwarding a request to its response arriving",
@@ -195,7 +190,7 @@ class _Collector(Collector):
         )
         g.add_metric([], s.client_write_buffered())
         yield g
-        yield _family(CounterMetricFamily, "kafka_proxy_backpressure_pauses",
+        yield family(CounterMetricFamily, "kafka_proxy_backpressure_pauses",
                       "Times reading one side paused because the other side's write buffer "
                       "was full", "slow_side", s.backpressure)
         c = CounterMetricFamily(
@@ -204,111 +199,19 @@ class _Collector(Collector):
         )
         c.add_metric([], self.stats.node_endpoints_dropped())
         yield c
-        yield _family(CounterMetricFamily, "kafka_proxy_quota_throttled_requests",
+        yield family(CounterMetricFamily, "kafka_proxy_quota_throttled_requests",
                       "Requests throttled, by the quota that throttled them", "quota",
                       s.throttled)
-        yield _family(CounterMetricFamily, "kafka_proxy_quota_throttle_time_ms",
+        yield family(CounterMetricFamily, "kafka_proxy_quota_throttle_time_ms",
                       "Throttle time imposed, by quota", "quota", s.throttle_ms)
-        yield _family(CounterMetricFamily, "kafka_proxy_config_reloads",
+        yield family(CounterMetricFamily, "kafka_proxy_config_reloads",
                       "Configuration reloads, by result", "result", s.reloads)
         yield from _entity_families(s.quota_entities())
         g = GaugeMetricFamily("kafka_proxy_upstream_brokers", "Upstream brokers known")
         g.add_metric([], s.brokers_known())
         yield g
-        if s.routing is not None and s.routing.enabled:
-            yield from _routing_families(s.routing)
-        if s.capture is not None:
-            yield from _capture_families(s.capture)
-        if s.storage is not None:
-            yield from _storage_families(s.storage)
-
-
-def _storage_families(storage: StorageWatch) -> Iterator[Any]:
-    v = storage.verdict
-    for name, doc, value in (
-        ("kafka_proxy_storage_state", "Storage state: 0 OPEN, 1 THROTTLE, 2 PAUSE",
-         v.state.level),
-        ("kafka_proxy_storage_factor", "Factor produce quotas are scaled by (0: paused)",
-         v.factor),
-        ("kafka_proxy_storage_fail_safe",
-         "1 while the state comes from the fail-safe, for lack of fresh data", int(v.fail_safe)),
-        ("kafka_proxy_storage_stale_brokers",
-         "Brokers in the metadata with no fresh volume snapshot", len(v.stale) + len(v.missing)),
-        ("kafka_proxy_storage_held_connections",
-         "Producer connections whose produce request waits while paused", storage.parked),
-        ("kafka_proxy_storage_reader_connected", "1 while the volume topic is being read",
-         int(storage.connected)),
-    ):
-        g = GaugeMetricFamily(name, doc)
-        g.add_metric([], value)
-        yield g
-    for name, doc, value in (
-        ("kafka_proxy_storage_snapshots", "Volume snapshots read", storage.snapshots_read),
-        ("kafka_proxy_storage_bad_snapshots", "Volume messages that do not parse (see the log)",
-         storage.bad_snapshots),
-        ("kafka_proxy_storage_read_errors", "Failures reading the volume topic",
-         storage.read_errors),
-        ("kafka_proxy_storage_transitions", "Storage state changes", storage.transitions),
-    ):
-        c = CounterMetricFamily(name, doc)
-        c.add_metric([], value)
-        yield c
-    usage = GaugeMetricFamily("kafka_proxy_storage_volume_bytes",
-                              "Volume capacity and consumed bytes, per broker and volume",
-                              labels=["broker", "volume", "kind"])
-    level = GaugeMetricFamily("kafka_proxy_storage_volume_factor",
-                              "Each volume's own factor (1 below soft, 0 at hard)",
-                              labels=["broker", "volume"])
-    for vv in v.volumes:
-        b, name = str(vv.broker_id), vv.volume.name
-        usage.add_metric([b, name, "capacity"], vv.volume.capacity)
-        usage.add_metric([b, name, "consumed"], vv.volume.consumed)
-        level.add_metric([b, name], vv.factor)
-    stale = GaugeMetricFamily("kafka_proxy_storage_broker_stale",
-                              "1 for each broker with no fresh volume snapshot",
-                              labels=["broker"])
-    for broker in (*v.stale, *v.missing):
-        stale.add_metric([str(broker)], 1)
-    yield from (usage, level, stale)
-
-
-def _capture_families(capture: Capture) -> Iterator[Any]:
-    for name, doc, value in (
-        ("kafka_proxy_capture_records", "Requests captured", capture.records),
-        ("kafka_proxy_capture_dropped_records",
-         "Capture records lost: dropped because the writer fell behind, or not written "
-         "because writing failed (see the log)", capture.lost),
-        ("kafka_proxy_capture_written_records", "Capture records written to files",
-         capture.writer.records_written),
-        ("kafka_proxy_capture_files", "Capture files completed", capture.writer.files_written),
-    ):
-        c = CounterMetricFamily(name, doc)
-        c.add_metric([], value)
-        yield c
-
-
-def _routing_families(routing: FetchRouting) -> Iterator[Any]:
-    c = CounterMetricFamily(
-        "kafka_proxy_fetch_bytes",
-        "Consumer fetch response bytes, by the client's rack and the serving broker's rack "
-        "(empty: unknown)", labels=["client_rack", "broker_rack"])
-    for (client_rack, broker_rack), n in sorted(routing.fetch_bytes.items()):
-        c.add_metric([client_rack, broker_rack], n)
-    yield c
-    c = CounterMetricFamily(
-        "kafka_proxy_fetch_cross_rack_bytes",
-        "Consumer fetch response bytes served from another rack than the client's")
-    c.add_metric([], routing.cross_rack_bytes)
-    yield c
-    yield _family(CounterMetricFamily, "kafka_proxy_replica_selector_decisions",
-                  "Partitions of fetch responses: preferred_replica (the proxy pointed the "
-                  "consumer at another replica), broker_choice_kept (the broker had set one), "
-                  "bounced_to_leader (back at the leader too soon after a redirect)",
-                  "decision", routing.decisions)
-    c = CounterMetricFamily("kafka_proxy_fetch_requests_unparsed",
-                            "Consumer fetch requests the router could not read (left alone)")
-    c.add_metric([], routing.unparsed_requests)
-    yield c
+        for families in s.feature_families:
+            yield from families()
 
 
 def make_registry(stats: ProxyStats) -> CollectorRegistry:

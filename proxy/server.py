@@ -18,21 +18,29 @@ import resource
 import signal
 import socket
 import time
+from functools import partial
 from typing import Any
 
 from config.errors import ConfigError
 from config.loading import load_config
 from config.schema import ProxyConfig
+from protocol.interests import InterestTable
 from protocol.rewrite import ResponseRewriter
 from proxy.brokers import Broker, BrokerRegistry
-from proxy.capture import Capture
+from proxy.capture_writer import Capture
+from proxy.clock import now_ms
 from proxy.cluster import fetch_brokers
 from proxy.connection import ProxiedConnection
+from proxy.context import ConnectionContext
+from proxy.filters.base import Filter, FilterFactory
+from proxy.filters.capture import CaptureFilter
+from proxy.filters.fetch_routing import FetchRouting, FetchRoutingFilter
+from proxy.filters.quotas import QuotaFilter
+from proxy.filters.storage import StorageFilter
 from proxy.logs import get_logger
 from proxy.metrics import EntityRow, ProxyStats, make_registry, serve_metrics
-from proxy.quotas import BOOTSTRAP_SCOPE, QuotaEnforcer, now_ms
-from proxy.routing import FetchRouting
-from proxy.storage import StorageWatch
+from proxy.storage_watch import StorageWatch
+from quota.enforcer import BOOTSTRAP_SCOPE, QuotaEnforcer
 
 log = get_logger("kafka_quota_proxy.server")
 
@@ -79,9 +87,9 @@ class Proxy:
         self.rewriter = ResponseRewriter(self.registry)
         self.routing = FetchRouting(config.racks)
         self.capture: Capture | None = None
-        self.stats.routing = self.routing
         if self.routing.enabled:
             self.rewriter.on_metadata = self.routing.observe_metadata
+            self.stats.feature_families.append(self.routing.metric_families)
         self.stats.rewritten = self.rewriter.rewritten
         self.stats.node_endpoints_dropped = lambda: self.rewriter.node_endpoints_dropped
         self.stats.client_write_buffered = lambda: sum(
@@ -111,7 +119,34 @@ class Proxy:
             self.storage = StorageWatch(config.storage, self.quotas,
                                         config.upstream.bootstrap_servers,
                                         lambda: self.live_brokers)
-            self.stats.storage = self.storage
+            self.stats.feature_families.append(self.storage.metric_families)
+        self._contexts: dict[str, ConnectionContext] = {}  # per listener, made at first use
+
+    # ------------------------------------------------------------------ connections' context
+    def _context(self, listener: str, scope: int) -> ConnectionContext:
+        """What the connections of one listener use. The filters of the request path, in
+        chain order: quotas, storage throttling, fetch routing (brokers' ports), capture."""
+        ctx = self._contexts.get(listener)
+        if ctx is None:
+            ctx = self._contexts[listener] = self._make_context(listener, scope)
+        return ctx
+
+    def _make_context(self, listener: str, scope: int) -> ConnectionContext:
+        made: list[tuple[type[Filter], FilterFactory]] = [
+            (QuotaFilter, partial(QuotaFilter, quotas=self.quotas, stats=self.stats))]
+        if self.storage is not None:
+            made.append((StorageFilter, partial(StorageFilter, storage=self.storage)))
+        if self.routing.enabled and scope != BOOTSTRAP_SCOPE:
+            made.append((FetchRoutingFilter, partial(FetchRoutingFilter, routing=self.routing)))
+        if self.capture is not None:
+            made.append((CaptureFilter,
+                         partial(CaptureFilter, capture=self.capture, quotas=self.quotas)))
+        return ConnectionContext(
+            host=self, listener=listener, scope=scope, network=self.config.network,
+            connect_timeout_seconds=self.config.upstream.connect_timeout_seconds,
+            stats=self.stats, rewriter=self.rewriter,
+            interests=InterestTable(cls.interests for cls, _ in made),
+            filters=tuple(make for _, make in made))
 
     # ------------------------------------------------------------------ startup
     async def start(self) -> None:
@@ -119,9 +154,8 @@ class Proxy:
         listen = self.config.listeners.bootstrap
         try:
             self.servers[BOOTSTRAP] = await loop.create_server(
-                lambda: ProxiedConnection(
-                    self, BOOTSTRAP, self._bootstrap_targets, BOOTSTRAP_SCOPE
-                ),
+                lambda: ProxiedConnection(self._context(BOOTSTRAP, BOOTSTRAP_SCOPE),
+                                          self._bootstrap_targets),
                 listen.host,
                 listen.port,
                 reuse_address=True,
@@ -151,7 +185,8 @@ class Proxy:
                 for server in self.servers.values():
                     server.close()
                 raise StartupError(f"cannot write capture.dir {c.dir}: {exc}") from None
-            self.stats.capture = self.capture
+            self.stats.feature_families.append(self.capture.metric_families)
+            self._contexts.clear()  # connections from now on capture
             self._write_quota_config()
             self._spawn(self._flush_capture())
         self._spawn(self._refresh_loop())
@@ -202,10 +237,12 @@ class Proxy:
             b = self.registry.get(node_id)
             return [(b.host, b.port)] if b else []
 
+        ctx = self._context(name, node_id)
+
         async def serve() -> None:
             loop = asyncio.get_running_loop()
             self.servers[name] = await loop.create_server(
-                lambda: ProxiedConnection(self, name, targets, node_id), sock=sock, backlog=1024
+                lambda: ProxiedConnection(ctx, targets), sock=sock, backlog=1024
             )
 
         self._spawn(serve())

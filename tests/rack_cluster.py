@@ -177,6 +177,8 @@ class RackCluster:
         self._fetch_requests = dict.fromkeys(self._nodes, 0)
         self._fetch_log: list[tuple[int, int]] = []  # (node id, bytes) of each Fetch response
         self._fetch_asks: list[FetchAsk] = []  # every Fetch v11+ request, as kio decodes it
+        # the Fetch requests a preferred replica is picked for, read on their way in
+        self._summaries: dict[int, FetchRequestSummary] = {}
         self._redirects = dict.fromkeys(self._nodes, 0)
         self._versions_used: dict[int, set[int]] = {}  # api key -> versions clients sent
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -423,7 +425,8 @@ class RackCluster:
                             self._fetch_asks.append(ask)
                     if self._broker_preferred is not None and version >= 11:
                         with contextlib.suppress(Exception):
-                            entry.annotation = parse_fetch_request(frame, header.size, version)
+                            self._summaries[id(entry)] = parse_fetch_request(
+                                frame, header.size, version)
                 if expects_response:
                     table.add(entry)
                 upstream.write(prefix + frame)
@@ -453,7 +456,7 @@ class RackCluster:
                 await client.drain()
 
     def _wants_whole_fetch(self, entry: InFlight) -> bool:
-        return entry.api_key == _FETCH and isinstance(entry.annotation, FetchRequestSummary)
+        return entry.api_key == _FETCH and id(entry) in self._summaries
 
     # -- response rewriting (on the loop) ----------------------------------------------------
 
@@ -565,7 +568,7 @@ class RackCluster:
     def _redirect_fetch(
         self, node: _Node, entry: InFlight, frame: bytes, header_size: int
     ) -> bytes | None:
-        summary = entry.annotation
+        summary = self._summaries.pop(id(entry), None)
         preferred = self._broker_preferred
         if not isinstance(summary, FetchRequestSummary) or preferred is None:
             return None

@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from proxy.capture import FIELDS, SCHEMA, SCHEMA_VERSION, Capture, CaptureWriter
+from proxy.capture_writer import FIELDS, SCHEMA, SCHEMA_VERSION, Capture, CaptureWriter
 
 
 def row(i: int) -> tuple[Any, ...]:

@@ -19,10 +19,10 @@ def test_inflight_fields_and_defaults():
     assert (e.api_key, e.api_version, e.correlation_id, e.client_id) == (1, 16, 7, None)
     assert (e.request_size, e.expects_response) == (123, False)
     assert e.response_size == 0
-    assert e.annotation is None
-    e.annotation = 1.5  # free for the I/O layer
+    assert (e.forwarded_at, e.quota_reservation, e.capture_row) == (0.0, None, None)
+    e.forwarded_at = 1.5  # set by the I/O layer
     e.response_size = 99
-    assert (e.annotation, e.response_size) == (1.5, 99)
+    assert (e.forwarded_at, e.response_size) == (1.5, 99)
     assert "api_key=1" in repr(e) and "correlation_id=7" in repr(e) and "None" in repr(e)
 
 

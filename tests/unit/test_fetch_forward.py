@@ -1,5 +1,5 @@
 """Where the proxy puts a patched consumer fetch: the request stream forwards frames
-cut-through, so ``ProxiedConnection._read_captured`` finds the captured fetch in the bytes it
+cut-through, so ``proxy.connection.patch_captured`` finds the captured fetch in the bytes it
 is about to forward and overwrites it there (same size), or leaves it alone when the frame is
 not wholly there. Checked under any chunking, with and without reading one frame at a time
 (clients with a quota)."""
@@ -7,7 +7,6 @@ not wholly there. Checked under any chunking, with and without reading one frame
 from __future__ import annotations
 
 import itertools
-from types import SimpleNamespace
 from typing import Any
 
 from conftest import chunked, request_frame
@@ -16,7 +15,7 @@ from hypothesis import strategies as st
 
 from protocol.correlation import CorrelationTable, InFlight
 from protocol.stream import RequestStream
-from proxy.connection import ProxiedConnection
+from proxy.connection import patch_captured
 
 FETCH, METADATA = 1, 3
 
@@ -46,13 +45,13 @@ def _forward(chunks: list[bytes], one_at_a_time: bool) -> tuple[bytes, dict[int,
         patchable[entry.correlation_id] = whole
         return _mark(frame, entry.correlation_id) if whole else None
 
-    conn: Any = SimpleNamespace(requests=stream, _route_fetch=route)
     out = bytearray()
 
     def feed(data: bytes) -> None:
         forward, events = stream.feed(data, stop_after_frame=one_at_a_time)
         if stream.captured:
-            forward = ProxiedConnection._read_captured(conn, forward, events)
+            captured, stream.captured = stream.captured, []
+            forward = patch_captured(stream, forward, events, captured, route)
         out.extend(forward)
 
     for chunk in chunks:

@@ -148,7 +148,7 @@ def test_request_stream_forwards_input_exactly_under_any_chunking(data: Any, req
         (r.api_key, r.api_version, r.correlation_id, r.client_id, len(r.data), r.expects_response)
         for r in reqs
     ]
-    assert all(e.response_size == 0 and e.annotation is None for e in events)
+    assert all(e.response_size == 0 and e.forwarded_at == 0.0 for e in events)
     expected_ids = {r.correlation_id for r in reqs if r.expects_response}
     assert len(table) == len(expected_ids)
     for r in reqs:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.quotas import QuotaEnforcer
+from quota.enforcer import QuotaEnforcer
 from quota.entities import DEFAULT, EntityKey, QuotaType
 from quota.manager import QuotaSettings
 

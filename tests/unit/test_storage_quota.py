@@ -10,7 +10,7 @@ import pytest
 
 from protocol.correlation import CorrelationTable
 from protocol.stream import RequestStream
-from proxy.quotas import QuotaEnforcer
+from quota.enforcer import QuotaEnforcer
 from quota.entities import DEFAULT, EntityKey, QuotaType
 from quota.manager import QuotaManager, QuotaSettings
 

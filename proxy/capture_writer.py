@@ -16,12 +16,13 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from prometheus_client.core import CounterMetricFamily
 
 from proxy.logs import get_logger
 
@@ -31,7 +32,7 @@ SCHEMA_VERSION = 2
 BATCH = 1024
 QUEUE_BATCHES = 64
 
-# (name, type): the order of the tuple ``Capture.record`` takes
+# (name, type): the order of the fields of ``CaptureRow``, what ``Capture.record`` takes
 FIELDS: tuple[tuple[str, pa.DataType], ...] = (
     ("run", pa.string()),  # one proxy process: "<pid>-<start, Unix ms>"
     ("seq", pa.int64()),  # order of the records within the run
@@ -61,6 +62,36 @@ FIELDS: tuple[tuple[str, pa.DataType], ...] = (
     ("partitions", pa.list_(pa.struct([("topic", pa.string()), ("partition", pa.int32()),
                                        ("bytes", pa.int64())]))),
 )
+class CaptureRow(NamedTuple):
+    """One capture record, built by field name; its fields are ``FIELDS`` in order."""
+
+    run: str
+    seq: int
+    ts_ms: int
+    quota_ms: int
+    connection: int
+    broker: int
+    user: str
+    client_id: str
+    client_address: str
+    api_key: int
+    api_version: int
+    request_bytes: int
+    response_bytes: int
+    duration_us: int
+    request_time_ms: float
+    follower: bool
+    throttle_produce_ms: int
+    throttle_fetch_ms: int
+    throttle_request_ms: int
+    client_rack: str | None
+    quota_generation: int
+    storage_scale: float | None
+    partitions: list[tuple[str, int, int]] | None
+
+
+assert CaptureRow._fields == tuple(name for name, _ in FIELDS)
+
 SCHEMA = pa.schema(
     [pa.field(name, kind) for name, kind in FIELDS],
     metadata={"kafka_quota_proxy.capture_schema_version": str(SCHEMA_VERSION)},
@@ -196,3 +227,18 @@ class Capture:
         except queue.Full:
             log.error("capture_close_timeout")
         self.writer.join(timeout)
+
+    def metric_families(self) -> Iterator[Any]:
+        """This feature's metric families (``ProxyStats.feature_families``)."""
+        for name, doc, value in (
+            ("kafka_proxy_capture_records", "Requests captured", self.records),
+            ("kafka_proxy_capture_dropped_records",
+             "Capture records lost: dropped because the writer fell behind, or not written "
+             "because writing failed (see the log)", self.lost),
+            ("kafka_proxy_capture_written_records", "Capture records written to files",
+             self.writer.records_written),
+            ("kafka_proxy_capture_files", "Capture files completed", self.writer.files_written),
+        ):
+            c = CounterMetricFamily(name, doc)
+            c.add_metric([], value)
+            yield c

@@ -1,5 +1,6 @@
 """Rack-aware fetch routing in the proxy: the topology fed from Metadata responses, the
-decision for each consumer fetch, and the figures the metrics export.
+decision for each consumer fetch (``FetchRoutingFilter``, one per connection to a broker's
+port), and the figures the metrics export.
 
 The pure parts are in ``routing/``; this module ties them to connections and the clock.
 A consumer Fetch v11+ that reaches a partition leader's port is read (``protocol.fetch``);
@@ -24,11 +25,26 @@ clients never ping-pong between a leader and a replica that does not serve them.
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from prometheus_client.core import CounterMetricFamily
+
 from protocol.apis import ApiKey
-from protocol.fetch import FIRST_VERSION, FetchRequestSummary, TopicKey
-from proxy.quotas import now_ms
+from protocol.correlation import InFlight
+from protocol.fetch import (
+    FIRST_VERSION,
+    FetchRequestSummary,
+    TopicKey,
+    ask_for_nothing,
+    parse_fetch_request,
+)
+from protocol.headers import parse_request_header
+from protocol.interests import Interest
+from proxy.clock import now_ms
+from proxy.filters.base import Filter, FilterHost
+from proxy.metrics import family
 from routing.client_rack import ClientRacks
 from routing.decide import FetchPlan, FetchSession, PartitionKey, Router, plan_fetch
 from routing.selector import ClientMetadata, LeaderSelector
@@ -38,6 +54,7 @@ if TYPE_CHECKING:
     from config.schema import RacksConfig
 
 UNKNOWN_TOPIC_OR_PARTITION = 3
+_FETCH = int(ApiKey.FETCH)
 BOUNCE_MS = 60_000
 UNREACHABLE_MS = 30_000
 
@@ -101,11 +118,6 @@ class FetchRouting:
                 self.set_reachable(node, True)
 
     # ------------------------------------------------------------------ decisions
-    def wants(self, api_key: int, api_version: int, follower: bool) -> bool:
-        """Whether to read this request (a consumer Fetch that can carry a rack)."""
-        return (self.enabled and api_key == ApiKey.FETCH and api_version >= FIRST_VERSION
-                and not follower)
-
     def client_rack(self, summary: FetchRequestSummary, client_id: str,
                     address: str | None) -> str | None:
         return self.racks.rack_for(summary.rack_id, client_id, address)[0]
@@ -181,3 +193,104 @@ class FetchRouting:
     @property
     def cross_rack_bytes(self) -> int:
         return sum(n for (c, b), n in self.fetch_bytes.items() if c and b and c != b)
+
+    def metric_families(self) -> Iterator[Any]:
+        """This feature's metric families (``ProxyStats.feature_families``)."""
+        c = CounterMetricFamily(
+            "kafka_proxy_fetch_bytes",
+            "Consumer fetch response bytes, by the client's rack and the serving broker's rack "
+            "(empty: unknown)", labels=["client_rack", "broker_rack"])
+        for (client_rack, broker_rack), n in sorted(self.fetch_bytes.items()):
+            c.add_metric([client_rack, broker_rack], n)
+        yield c
+        c = CounterMetricFamily(
+            "kafka_proxy_fetch_cross_rack_bytes",
+            "Consumer fetch response bytes served from another rack than the client's")
+        c.add_metric([], self.cross_rack_bytes)
+        yield c
+        yield family(CounterMetricFamily, "kafka_proxy_replica_selector_decisions",
+                      "Partitions of fetch responses: preferred_replica (the proxy pointed the "
+                      "consumer at another replica), broker_choice_kept (the broker had set one), "
+                      "bounced_to_leader (back at the leader too soon after a redirect)",
+                      "decision", self.decisions)
+        c = CounterMetricFamily("kafka_proxy_fetch_requests_unparsed",
+                                "Consumer fetch requests the router could not read (left alone)")
+        c.add_metric([], self.unparsed_requests)
+        yield c
+
+
+class FetchRoutingFilter(Filter):
+    """Fetch routing on one connection to a broker's port: reads consumer fetches whole on
+    their way upstream, decides where each partition of the consumer's fetch session is served,
+    asks the leader for nothing of the partitions it redirects, and counts fetch bytes by
+    rack. Sets ``client.client_rack``."""
+
+    def __init__(self, host: FilterHost, routing: FetchRouting) -> None:
+        self.host = host
+        self.client = host.client
+        self.routing = routing
+        self._session = FetchSession()
+        self._rack_key: tuple[str, str] | None = None
+        self._route_key: tuple[Any, ...] | None = None
+        self._decisions: dict[PartitionKey, int] = {}
+
+    @staticmethod
+    def interests(api_key: int, api_version: int) -> Interest:
+        if api_key == _FETCH and api_version >= FIRST_VERSION:
+            return Interest.CONSUMER_REQUEST_FRAME
+        return Interest.NONE
+
+    def request_frame(self, entry: InFlight, frame: bytes, patchable: bool) -> bytes | None:
+        """Where the replica selector sends partitions of this consumer's fetch session
+        elsewhere, have the response rewritten, and (``patchable``) return the request to
+        forward instead, asking the leader for nothing of them."""
+        routing = self.routing
+        client = self.client
+        try:
+            header = parse_request_header(frame, 0, len(frame))
+            summary = parse_fetch_request(frame, header.size, entry.api_version)
+        except (IndexError, ValueError, struct.error):
+            routing.unparsed_requests += 1
+            return None
+        if not summary.from_consumer:  # Fetch v15+ carries the replica id in a tag
+            entry.follower = True
+            return None
+        cid = entry.client_id or ""
+        rack_key = (summary.rack_id, cid)
+        if rack_key != self._rack_key:
+            self._rack_key = rack_key
+            client.client_rack = routing.client_rack(summary, cid, client.peer_ip)
+        session = self._session
+        session.update(summary.session_epoch, summary.topics, summary.forgotten)
+        key = (routing.generation, client.client_rack, session.version, cid, client.user)
+        if key != self._route_key:
+            self._route_key = key
+            metadata = ClientMetadata(client.client_rack, cid, client.peer, client.user)
+            self._decisions = routing.decide(client.scope, metadata, session)
+        plan = routing.plan(cid, self._decisions, summary, session) if patchable else None
+        if plan is None:
+            if self._decisions:
+                entry.route = routing.chooser(cid, self._decisions)
+            return None
+        if plan.redirect:
+            entry.route = routing.chooser(cid, self._decisions, plan)
+        if not plan.patches:
+            return None
+        session.forwarded(summary.session_epoch, plan)
+        return ask_for_nothing(frame, summary, entry.api_version, plan.redirect,
+                               idle=plan.idle, close_session=plan.close_session)
+
+    def response_done(self, entry: InFlight) -> None:
+        if entry.api_key == _FETCH and not entry.follower:
+            self.routing.count_fetch(self.client.client_rack, self.client.scope,
+                                     entry.response_size)
+
+    def upstream_connected(self, ok: bool) -> None:
+        # unreachable: no consumer is sent to this broker for a while
+        self.routing.set_reachable(self.client.scope, ok)
+
+    def closed(self, reason: str) -> None:
+        if self.host.table and reason in ("upstream_closed", "upstream_error"):
+            # A broker does not drop connections with requests in flight unless it is going
+            # away: send no consumer to it for a while.
+            self.routing.set_reachable(self.client.scope, False)

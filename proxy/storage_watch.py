@@ -19,25 +19,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import structlog
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from config.schema import HostPort, StorageConfig
+from proxy.clock import wall_ms
+from proxy.flow import ReadGate
 from proxy.logs import route_client_logs
+from quota.enforcer import QuotaEnforcer
 from quota.storage import OPEN, ClusterVolumes, Snapshot, SnapshotError, State, Verdict
-
-if TYPE_CHECKING:
-    from proxy.connection import ProxiedConnection
-    from proxy.quotas import QuotaEnforcer
 
 log = structlog.get_logger("kafka_quota_proxy.storage")
 
-
-def wall_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class StorageWatch:
@@ -58,7 +54,7 @@ class StorageWatch:
         self.connected = False
         self.verdict: Verdict = OPEN
         self.paused = False
-        self._parked: set[ProxiedConnection] = set()
+        self._parked: set[ReadGate] = set()  # producers' reading, stopped while paused
         self.snapshots_read = 0
         self.bad_snapshots = 0
         self.read_errors = 0
@@ -92,13 +88,13 @@ class StorageWatch:
     def exempt(self, user: str, client_id: str | None) -> bool:
         return self.quotas.storage_exempt(user, client_id or "")
 
-    def park(self, conn: ProxiedConnection) -> None:
-        """A producer's request waits until producing may resume."""
-        self._parked.add(conn)
-        conn.client_gate.pause("storage")
+    def park(self, gate: ReadGate) -> None:
+        """A producer's request waits until producing may resume: its client's reading stops."""
+        self._parked.add(gate)
+        gate.pause("storage")
 
-    def unpark(self, conn: ProxiedConnection) -> None:
-        self._parked.discard(conn)
+    def unpark(self, gate: ReadGate) -> None:
+        self._parked.discard(gate)
 
     @property
     def parked(self) -> int:
@@ -106,9 +102,8 @@ class StorageWatch:
 
     def _resume_parked(self) -> None:
         parked, self._parked = self._parked, set()
-        for conn in parked:
-            if not conn.closed:
-                conn.client_gate.resume("storage")  # reads the waiting request
+        for gate in parked:
+            gate.resume("storage")  # reads the waiting request (closed ones were unparked)
 
     def observe(self, key: bytes | None, value: bytes | None) -> None:
         """One record of the topic."""
@@ -202,6 +197,58 @@ class StorageWatch:
         v = self.verdict
         return {"state": v.state.value, "factor": v.factor, "fail_safe": v.fail_safe,
                 "stale": list(v.stale), "missing": list(v.missing), "parked": self.parked}
+
+    def metric_families(self) -> Iterator[Any]:
+        """This feature's metric families (``ProxyStats.feature_families``)."""
+        v = self.verdict
+        for name, doc, value in (
+            ("kafka_proxy_storage_state", "Storage state: 0 OPEN, 1 THROTTLE, 2 PAUSE",
+             v.state.level),
+            ("kafka_proxy_storage_factor", "Factor produce quotas are scaled by (0: paused)",
+             v.factor),
+            ("kafka_proxy_storage_fail_safe",
+             "1 while the state comes from the fail-safe, for lack of fresh data",
+             int(v.fail_safe)),
+            ("kafka_proxy_storage_stale_brokers",
+             "Brokers in the metadata with no fresh volume snapshot",
+             len(v.stale) + len(v.missing)),
+            ("kafka_proxy_storage_held_connections",
+             "Producer connections whose produce request waits while paused", self.parked),
+            ("kafka_proxy_storage_reader_connected", "1 while the volume topic is being read",
+             int(self.connected)),
+        ):
+            g = GaugeMetricFamily(name, doc)
+            g.add_metric([], value)
+            yield g
+        for name, doc, value in (
+            ("kafka_proxy_storage_snapshots", "Volume snapshots read", self.snapshots_read),
+            ("kafka_proxy_storage_bad_snapshots", "Volume messages that do not parse (see the log)",
+             self.bad_snapshots),
+            ("kafka_proxy_storage_read_errors", "Failures reading the volume topic",
+             self.read_errors),
+            ("kafka_proxy_storage_transitions", "Storage state changes", self.transitions),
+        ):
+            c = CounterMetricFamily(name, doc)
+            c.add_metric([], value)
+            yield c
+        usage = GaugeMetricFamily("kafka_proxy_storage_volume_bytes",
+                                  "Volume capacity and consumed bytes, per broker and volume",
+                                  labels=["broker", "volume", "kind"])
+        level = GaugeMetricFamily("kafka_proxy_storage_volume_factor",
+                                  "Each volume's own factor (1 below soft, 0 at hard)",
+                                  labels=["broker", "volume"])
+        for vv in v.volumes:
+            b, name = str(vv.broker_id), vv.volume.name
+            usage.add_metric([b, name, "capacity"], vv.volume.capacity)
+            usage.add_metric([b, name, "consumed"], vv.volume.consumed)
+            level.add_metric([b, name], vv.factor)
+        stale = GaugeMetricFamily("kafka_proxy_storage_broker_stale",
+                                  "1 for each broker with no fresh volume snapshot",
+                                  labels=["broker"])
+        for broker in (*v.stale, *v.missing):
+            stale.add_metric([str(broker)], 1)
+        yield from (usage, level, stale)
+
 
 
 async def _at_end(consumer: Any, ends: dict[Any, int]) -> bool:

@@ -1,25 +1,20 @@
-"""Quota enforcement state of the proxy: one quota manager per upstream broker.
+"""The proxy's quota state: one quota manager per upstream broker, and the storage scaling.
 
 Kafka enforces quotas per broker (seed 000: "each client can publish/fetch a maximum of X MBps
 per broker"), so the proxy keeps one ``QuotaManager`` per upstream node id; connections to the
-bootstrap listener (metadata, mostly) get one of their own. The clock is the event loop's
-monotonic time in milliseconds.
+bootstrap listener (metadata, mostly) get one of their own. Time comes in as an argument
+(milliseconds of a monotonic clock: ``proxy.clock.now_ms`` live).
 """
 
 from __future__ import annotations
 
 import heapq
-import time
 from dataclasses import dataclass
 
 from quota.entities import QuotaType
 from quota.manager import QuotaManager, QuotaSettings, Sensor
 
 BOOTSTRAP_SCOPE = -1
-
-
-def now_ms() -> int:
-    return int(time.monotonic() * 1000)
 
 
 @dataclass(frozen=True, slots=True)

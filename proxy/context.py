@@ -1,0 +1,43 @@
+"""What a connection may use of the proxy that accepted it (in the manner of uvicorn's
+``ServerState``): a small frozen context per listener, and the callbacks it makes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from config.schema import NetworkConfig
+from protocol.interests import InterestTable
+from protocol.rewrite import ResponseRewriter
+from proxy.filters.base import FilterFactory
+from proxy.metrics import ProxyStats
+
+
+class ConnectionHost(Protocol):
+    """The callbacks a connection makes to the proxy that accepted it."""
+
+    @property
+    def draining(self) -> bool:
+        """Shutting down: connections end once they have nothing in flight."""
+
+    def admit(self) -> bool:
+        """Whether a connection just accepted may stay (``network.max_connections``)."""
+
+    def connection_opened(self, conn: Any) -> None: ...
+
+    def connection_closed(self, conn: Any, reason: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionContext:
+    """Everything a connection of one listener uses, fixed when the listener is made."""
+
+    host: ConnectionHost
+    listener: str  # "bootstrap" or "broker-<node id>"
+    scope: int  # whose quotas apply: the upstream node id, or the bootstrap scope
+    network: NetworkConfig
+    connect_timeout_seconds: float
+    stats: ProxyStats
+    rewriter: ResponseRewriter
+    interests: InterestTable  # of the filters below
+    filters: tuple[FilterFactory, ...]  # one filter of each, per connection, in chain order

@@ -1,0 +1,1 @@
+"""The request-path filters: one file per feature (quotas, storage, fetch routing, capture)."""
