@@ -1,13 +1,14 @@
 # The two commands of the README's quick start, and a few more.
 #   make demo   set up .venv and run the demo (local tansu broker + proxy + clients)
 #   make test   set up .venv and run the whole test suite (lint, types, contracts, tests)
+#   make unit   set up .venv and run the fast layer: unit tests only (about a minute)
 #   make bench  set up .venv and run the benchmark (proxy vs direct vs tansu proxy)
 
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test bench lint clean
+.PHONY: demo test unit bench lint clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +28,9 @@ lint: $(VENV)/.installed-test
 
 test: lint
 	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15
+
+unit: $(VENV)/.installed-test
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
 
 bench: $(VENV)/.installed-bench
 	$(BIN)/python bench/proxy_bench.py

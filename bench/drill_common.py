@@ -26,7 +26,7 @@ from typing import Any
 import psutil
 
 from demo.embedded_broker import TansuBroker
-from tests.support import ProxyProcess, new_topic, wait_for
+from tests.support.e2e import ProxyProcess, new_topic, wait_for
 
 __all__ = ["GoodTraffic", "ProcessWatch", "ProxyProcess", "Tally", "loop_lag", "tansu_broker",
            "traceback_lines", "wait_for"]

@@ -65,7 +65,7 @@ from bench.drill_common import (
 )
 from config.errors import ConfigError
 from config.loading import parse_config
-from tests.support import KafkaWire
+from tests.support.e2e import KafkaWire
 
 GOOD = "floods-good"  # the good producer's client-id, which the quota section limits
 BASE_RATE = 2_000_000  # its producer_byte_rate at start (far above its ~0.15 MB/s)

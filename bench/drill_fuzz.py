@@ -60,7 +60,7 @@ from protocol._api_table import API_TABLE
 from protocol.headers import encode_request_header, parse_response_header, produce_acks
 from protocol.primitives import encode_tagged_fields
 from protocol.rewrite import decode_response
-from tests.support import KafkaWire
+from tests.support.e2e import KafkaWire
 
 NODE = 111  # tansu's node id
 MAX_FRAME = 16 << 20  # the proxy's network.max_frame_bytes here

@@ -40,7 +40,7 @@ from bench.drill_common import (
     tansu_broker,
     traceback_lines,
 )
-from tests.support import new_topic
+from tests.support.e2e import new_topic
 
 # producer_byte_rate of the greedy producer (bytes/s): larger than its requests (librdkafka's
 # 1 MB batches), so Kafka's sampled rate holds it at the quota (a 300 KB/s quota lets 1 MB

@@ -12,8 +12,8 @@ import psutil
 import pytest
 
 from demo.embedded_broker import TansuBroker
-from tests.support import KafkaWire, ProxyProcess, wait_for
-from tests.unit.test_config import _alias_bomb
+from tests.support.e2e import KafkaWire, ProxyProcess, wait_for
+from tests.support.hostile import alias_bomb
 
 pytestmark = pytest.mark.e2e
 
@@ -64,7 +64,7 @@ def test_alias_bomb_on_sighup_costs_clients_nothing(tansu: TansuBroker) -> None:
         assert proxy.process is not None
         process = psutil.Process(proxy.process.pid)
         rss_before = process.memory_info().rss
-        proxy.config_path.write_text(proxy.config_path.read_text() + _alias_bomb())
+        proxy.config_path.write_text(proxy.config_path.read_text() + alias_bomb())
         peak = rss_before
         round_trips: list[float] = []
         done = threading.Event()

@@ -16,7 +16,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from demo.embedded_broker import TansuBroker
-from tests.support import ProxyProcess, new_topic, reproduce_capture
+from tests.support.e2e import ProxyProcess, new_topic, reproduce_capture
 
 pytestmark = pytest.mark.e2e
 

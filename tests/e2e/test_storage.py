@@ -18,44 +18,11 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from demo.embedded_broker import TansuBroker
-from quota.storage import Snapshot, Volume
-from tests.e2e.test_quotas import cycle_rate
-from tests.support import ProxyProcess, new_topic, reproduce_capture, wait_for
+from tests.support.e2e import ProxyProcess, new_topic, reproduce_capture, wait_for
+from tests.support.rates import cycle_rate
+from tests.support.volumes import BASE, GB, NODE, Publisher
 
 pytestmark = pytest.mark.e2e
-
-BASE = 400_000  # unquoted_producer_byte_rate
-GB = 1_000_000_000
-NODE = 111  # tansu's node id
-
-
-class Publisher:
-    """Publishes broker 111's snapshot every 0.3 s, with ``consumed`` bytes of 100 GB used."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0})
-        self.topic = topic
-        self.consumed = 50 * GB
-        self.publishing = threading.Event()
-        self.publishing.set()
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self.done.is_set():
-            if self.publishing.is_set():
-                snap = Snapshot(NODE, int(time.time() * 1000),
-                                (Volume("/var/lib/kafka", 100 * GB, self.consumed),))
-                self.producer.produce(self.topic, key=str(NODE).encode(), value=snap.to_json())
-                self.producer.poll(0)
-            self.done.wait(0.3)
-        self.producer.flush(10)
-
-    def close(self) -> None:
-        self.done.set()
-        self.thread.join(15)
-
 
 @pytest.fixture
 def storage_proxy(tansu: TansuBroker, tmp_path: Path

@@ -30,7 +30,7 @@ from volume_agent.agent import (
     snapshot,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SLACK = 64 * 1024 * 1024  # other processes may write to the filesystem between two reads
 
 

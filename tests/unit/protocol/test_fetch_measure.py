@@ -8,7 +8,6 @@ import uuid
 from typing import Any
 
 import pytest
-from conftest import chunked, kio_encode, kio_values, ms, response_class, response_frame
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kio.index import load_request_schema
@@ -24,6 +23,7 @@ from protocol.incremental import (
     produce_request_walk,
 )
 from protocol.stream import RequestStream, ResponseStream
+from tests.support.frames import chunked, kio_encode, kio_values, ms, response_class, response_frame
 
 FETCH = 1
 LOW, HIGH = apis.kio_version_range(FETCH)

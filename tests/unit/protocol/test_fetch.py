@@ -11,7 +11,6 @@ import uuid
 from typing import Any
 
 import pytest
-from conftest import kio_decode, kio_encode, kio_values, ms, response_class
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.index import load_request_schema
@@ -23,6 +22,7 @@ from protocol.fetch import (
     parse_fetch_request,
     set_preferred_read_replicas,
 )
+from tests.support.frames import kio_decode, kio_encode, kio_values, ms, response_class
 
 FETCH = 1
 VERSIONS = list(range(FIRST_VERSION, 19))

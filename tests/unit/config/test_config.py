@@ -19,8 +19,9 @@ from config.errors import ConfigError
 from config.loading import load_config, parse_config
 from config.schema import HostPort, PortRange, ProxyConfig
 from protocol.stream import DEFAULT_MAX_FRAME_BYTES
+from tests.support.hostile import alias_bomb
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DEPLOY = REPO / "deploy"
 SOURCE = "test.yaml"
 ERROR_LINE = re.compile(r"^(?P<file>.+?):(?P<line>\d+):(?P<col>\d+): (?P<path>[^:]+): (?P<msg>.+)$")
@@ -656,13 +657,6 @@ def test_bad_racks_config(extra: str, line: int, path: str, fragment: str) -> No
 
 
 # ---------------------------------------------------------------- hostile or broken files
-def _alias_bomb(levels: int = 7) -> str:
-    lines = ['  a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
-    for i in range(1, levels):
-        lines.append(f"  a{i}: &a{i} [{','.join([f'*a{i - 1}'] * 9)}]")
-    return "extra:\n" + "\n".join(lines) + "\n"
-
-
 def test_alias_bomb_is_refused_before_it_expands() -> None:
     """Seven chained anchors (a few hundred bytes) expand to 9^7 values: refused from the node
     tree, counting each shared node once, with nothing expanded (the validation used to
@@ -671,7 +665,7 @@ def test_alias_bomb_is_refused_before_it_expands() -> None:
 
     tracemalloc.start()
     try:
-        errors = errors_of(BASE + _alias_bomb())
+        errors = errors_of(BASE + alias_bomb())
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -679,7 +673,7 @@ def test_alias_bomb_is_refused_before_it_expands() -> None:
                       "expanded"]
     assert peak < 5 << 20
     # Aliases as such are fine, and a modest expansion is still validated as usual.
-    assert any("extra: unknown key" in e for e in errors_of(BASE + _alias_bomb(3)))
+    assert any("extra: unknown key" in e for e in errors_of(BASE + alias_bomb(3)))
 
 
 def test_deep_nesting_is_refused_with_its_position() -> None:

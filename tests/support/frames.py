@@ -1,8 +1,6 @@
-"""Shared helpers for the protocol unit tests.
+"""Frame builders, kio helpers and hypothesis strategies for the protocol tests.
 
-Test modules import these with ``from conftest import ...`` (``tests/unit`` is a rootdir-less
-test directory, so pytest puts it on ``sys.path``). Everything here is plain functions and
-hypothesis strategies: no fixtures, so they work inside ``@given`` tests.
+Plain functions and strategies, no fixtures, so they work inside ``@given`` tests.
 """
 
 from __future__ import annotations

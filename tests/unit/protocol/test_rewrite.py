@@ -7,20 +7,6 @@ import struct
 from typing import Any
 
 import pytest
-from conftest import (
-    PROXY_HOST,
-    PROXY_PORT_BASE,
-    RecordingAddressMap,
-    frame,
-    kio_decode,
-    kio_encode,
-    kio_values,
-    minimal,
-    ms,
-    nested_class,
-    proxied,
-    response_class,
-)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
@@ -34,6 +20,20 @@ from protocol.primitives import encode_tagged_fields
 from protocol.rewrite import ResponseRewriter, UndecodableResponse
 from protocol.skim import fetch_response_layout, produce_response_layout
 from protocol.stream import ResponseStream
+from tests.support.frames import (
+    PROXY_HOST,
+    PROXY_PORT_BASE,
+    RecordingAddressMap,
+    frame,
+    kio_decode,
+    kio_encode,
+    kio_values,
+    minimal,
+    ms,
+    nested_class,
+    proxied,
+    response_class,
+)
 
 PRODUCE, FETCH, METADATA, FIND_COORDINATOR = 0, 1, 3, 10
 SASL_HANDSHAKE, API_VERSIONS, DESCRIBE_QUORUM, DESCRIBE_CLUSTER = 17, 18, 55, 60

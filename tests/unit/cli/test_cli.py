@@ -16,7 +16,7 @@ import pytest
 from cli.main import build_parser, main
 from proxy import __version__
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 TIMEOUT = 60
 
 

@@ -8,17 +8,6 @@ import dataclasses
 from typing import Any
 
 import pytest
-from conftest import (
-    PROXY_HOST,
-    RecordingAddressMap,
-    chunked,
-    kio_decode,
-    kio_encode,
-    kio_values,
-    nested_class,
-    response_class,
-    response_frame,
-)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,6 +18,17 @@ from protocol.primitives import encode_tagged_fields, read_tagged_fields
 from protocol.rewrite import ResponseRewriter, fit_tagged_fields
 from protocol.skim import fetch_response_layout
 from protocol.stream import ResponseStream
+from tests.support.frames import (
+    PROXY_HOST,
+    RecordingAddressMap,
+    chunked,
+    kio_decode,
+    kio_encode,
+    kio_values,
+    nested_class,
+    response_class,
+    response_frame,
+)
 
 FETCH = 1
 KIO_MAX = apis.kio_version_range(FETCH)[1]

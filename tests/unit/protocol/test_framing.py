@@ -7,16 +7,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from conftest import (
-    chunked,
-    frame,
-    produce_body_prefix,
-    request_frame,
-    response_frame,
-    split,
-    tagged_fields_strategy,
-    texts,
-)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -35,6 +25,16 @@ from protocol.errors import (
 from protocol.headers import encode_request_header
 from protocol.rewrite import ResponseRewriter
 from protocol.stream import DEFAULT_MAX_FRAME_BYTES, RequestStream, ResponseStream
+from tests.support.frames import (
+    chunked,
+    frame,
+    produce_body_prefix,
+    request_frame,
+    response_frame,
+    split,
+    tagged_fields_strategy,
+    texts,
+)
 
 PRODUCE = 0
 METADATA = 3

@@ -9,13 +9,13 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from conftest import chunked, request_frame
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol.correlation import CorrelationTable, InFlight
 from protocol.stream import RequestStream
 from proxy.connection import patch_captured
+from tests.support.frames import chunked, request_frame
 
 FETCH, METADATA = 1, 3
 
