@@ -18,83 +18,54 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from prometheus_client.core import CounterMetricFamily
 
 from proxy.logs import get_logger
+from quota.capture_schema import FIELD_NAMES, SCHEMA_VERSION, SCHEMA_VERSION_KEY
 
 log = get_logger("kafka_quota_proxy.capture")
 
-SCHEMA_VERSION = 2
 BATCH = 1024
 QUEUE_BATCHES = 64
 
-# (name, type): the order of the fields of ``CaptureRow``, what ``Capture.record`` takes
-FIELDS: tuple[tuple[str, pa.DataType], ...] = (
-    ("run", pa.string()),  # one proxy process: "<pid>-<start, Unix ms>"
-    ("seq", pa.int64()),  # order of the records within the run
-    ("ts_ms", pa.int64()),  # wall clock (Unix ms) when the request was read
-    ("quota_ms", pa.int64()),  # the quota engine's clock (monotonic ms) at recording time
-    ("connection", pa.int64()),
-    ("broker", pa.int32()),  # upstream node id; -1: the bootstrap listener
-    ("user", pa.string()),
-    ("client_id", pa.string()),
-    ("client_address", pa.string()),
-    ("api_key", pa.int16()),
-    ("api_version", pa.int16()),
-    ("request_bytes", pa.int32()),  # whole frame, size prefix included
-    ("response_bytes", pa.int32()),  # as the broker sent it; -1: no response (acks=0)
-    ("duration_us", pa.int64()),  # request forwarded -> response started; -1: no response
-    ("request_time_ms", pa.float64()),  # what the request quota recorded (0: exempt)
-    ("follower", pa.bool_()),  # a replica's fetch (quota-exempt)
-    ("throttle_produce_ms", pa.int32()),
-    ("throttle_fetch_ms", pa.int32()),
-    ("throttle_request_ms", pa.int32()),
-    ("client_rack", pa.string()),
-    ("quota_generation", pa.int32()),  # which quota config was live (see quotas-*.json)
-    # v2: the storage factor produce quotas were scaled by (null: storage throttling was not
-    # in force; 0: paused)
-    ("storage_scale", pa.float64()),
-    # Produce: bytes of record batches per partition (topic: name, or topic id in hex)
-    ("partitions", pa.list_(pa.struct([("topic", pa.string()), ("partition", pa.int32()),
-                                       ("bytes", pa.int64())]))),
-)
-class CaptureRow(NamedTuple):
-    """One capture record, built by field name; its fields are ``FIELDS`` in order."""
-
-    run: str
-    seq: int
-    ts_ms: int
-    quota_ms: int
-    connection: int
-    broker: int
-    user: str
-    client_id: str
-    client_address: str
-    api_key: int
-    api_version: int
-    request_bytes: int
-    response_bytes: int
-    duration_us: int
-    request_time_ms: float
-    follower: bool
-    throttle_produce_ms: int
-    throttle_fetch_ms: int
-    throttle_request_ms: int
-    client_rack: str | None
-    quota_generation: int
-    storage_scale: float | None
-    partitions: list[tuple[str, int, int]] | None
-
-
-assert CaptureRow._fields == tuple(name for name, _ in FIELDS)
+# The Parquet type of each field of ``CaptureRow`` (``quota.capture_schema``), in its order.
+_TYPES: dict[str, pa.DataType] = {
+    "run": pa.string(),
+    "seq": pa.int64(),
+    "ts_ms": pa.int64(),
+    "quota_ms": pa.int64(),
+    "connection": pa.int64(),
+    "broker": pa.int32(),
+    "user": pa.string(),
+    "client_id": pa.string(),
+    "client_address": pa.string(),
+    "api_key": pa.int16(),
+    "api_version": pa.int16(),
+    "request_bytes": pa.int32(),
+    "response_bytes": pa.int32(),
+    "duration_us": pa.int64(),
+    "request_time_ms": pa.float64(),
+    "follower": pa.bool_(),
+    "throttle_produce_ms": pa.int32(),
+    "throttle_fetch_ms": pa.int32(),
+    "throttle_request_ms": pa.int32(),
+    "client_rack": pa.string(),
+    "quota_generation": pa.int32(),
+    "storage_scale": pa.float64(),
+    "partitions": pa.list_(pa.struct([("topic", pa.string()), ("partition", pa.int32()),
+                                      ("bytes", pa.int64())])),
+}
+assert tuple(_TYPES) == FIELD_NAMES, "every capture field has one Parquet type, in order"
+# (name, type), the order of the fields of ``CaptureRow``, what ``Capture.record`` takes
+FIELDS: tuple[tuple[str, pa.DataType], ...] = tuple(_TYPES.items())
 
 SCHEMA = pa.schema(
     [pa.field(name, kind) for name, kind in FIELDS],
-    metadata={"kafka_quota_proxy.capture_schema_version": str(SCHEMA_VERSION)},
+    metadata={SCHEMA_VERSION_KEY: str(SCHEMA_VERSION)},
 )
 
 

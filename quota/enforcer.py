@@ -12,7 +12,7 @@ import heapq
 from dataclasses import dataclass
 
 from quota.entities import QuotaType
-from quota.manager import QuotaManager, QuotaSettings, Sensor
+from quota.manager import QuotaManager, QuotaSettings, Sensor, StorageScaling
 
 BOOTSTRAP_SCOPE = -1
 
@@ -30,13 +30,15 @@ class QuotaEnforcer:
         self.managers: dict[int, QuotaManager] = {}
         self.generation = 0  # bumped on every config change
         self._enabled = {qt: False for qt in QuotaType}
-        # Storage-aware throttling (see ``set_storage``)
-        self.produce_scale: float | None = None
-        self.unquoted_produce_bound = 0.0
-        self.exempt_users: frozenset[str] = frozenset()
-        self.exempt_client_ids: frozenset[str] = frozenset()
+        # Storage-aware throttling (see ``set_storage``), shared by every broker's manager
+        self.storage = StorageScaling()
         self.storage_epoch = 0  # bumped whenever the storage scale changes
         self._refresh_enabled()
+
+    @property
+    def produce_scale(self) -> float | None:
+        """The factor every produce quota is scaled by (None: storage throttling is off)."""
+        return self.storage.scale
 
     def _refresh_enabled(self) -> None:
         for qt in QuotaType:
@@ -47,28 +49,19 @@ class QuotaEnforcer:
     def configure_storage(self, unquoted_produce_bound: float,
                           exempt_users: frozenset[str],
                           exempt_client_ids: frozenset[str] = frozenset()) -> None:
-        self.unquoted_produce_bound = unquoted_produce_bound
-        self.exempt_users = exempt_users
-        self.exempt_client_ids = exempt_client_ids
-        for m in self.managers.values():
-            self._storage_into(m)
+        storage = self.storage
+        storage.unquoted_produce_bound = unquoted_produce_bound
+        storage.exempt_users = exempt_users
+        storage.exempt_client_ids = exempt_client_ids
 
     def set_storage(self, scale: float | None) -> None:
         """Scale every produce quota by ``scale`` (storage throttling; 0: paused), or stop
         (None). Producers without a quota get ``unquoted_produce_bound`` scaled alike."""
-        if scale == self.produce_scale:
+        if scale == self.storage.scale:
             return
-        self.produce_scale = scale
+        self.storage.scale = scale
         self.storage_epoch += 1
         self._refresh_enabled()
-        for m in self.managers.values():
-            self._storage_into(m)
-
-    def _storage_into(self, m: QuotaManager) -> None:
-        m.produce_scale = self.produce_scale
-        m.unquoted_produce_bound = self.unquoted_produce_bound
-        m.exempt_users = self.exempt_users
-        m.exempt_client_ids = self.exempt_client_ids
 
     def enabled(self, quota_type: QuotaType) -> bool:
         return self._enabled[quota_type]
@@ -80,8 +73,7 @@ class QuotaEnforcer:
     def manager(self, scope: int) -> QuotaManager:
         m = self.managers.get(scope)
         if m is None:
-            m = self.managers[scope] = QuotaManager(self.settings)
-            self._storage_into(m)
+            m = self.managers[scope] = QuotaManager(self.settings, storage=self.storage)
         return m
 
     def update(self, settings: QuotaSettings) -> None:
@@ -93,7 +85,7 @@ class QuotaEnforcer:
 
     def storage_exempt(self, user: str, client_id: str) -> bool:
         """Never throttled by storage (``storage.exempt_users`` / ``exempt_client_ids``)."""
-        return user in self.exempt_users or client_id in self.exempt_client_ids
+        return self.storage.exempt(user, client_id)
 
     def limits(self, user: str, client_id: str) -> frozenset[QuotaType]:
         """The quota types with a limit for this user and client-id."""

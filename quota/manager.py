@@ -71,8 +71,29 @@ def percent_of_thread(request_time_ms: float) -> float:
     return request_time_ms / 10.0
 
 
+class StorageScaling:
+    """Storage-aware throttling (``quota.storage``), as the quota managers apply it: while
+    ``scale`` is set, every produce bound is scaled by it, clients without a produce quota get
+    ``unquoted_produce_bound`` scaled alike, and exempt users and client-ids keep their own. 0
+    (paused) throttles nothing here: the proxy admits no produce bytes at all then. One object,
+    shared by the managers of every broker (not copied into each)."""
+
+    __slots__ = ("exempt_client_ids", "exempt_users", "scale", "unquoted_produce_bound")
+
+    def __init__(self) -> None:
+        self.scale: float | None = None
+        self.unquoted_produce_bound = 0.0
+        self.exempt_users: frozenset[str] = frozenset()
+        self.exempt_client_ids: frozenset[str] = frozenset()
+
+    def exempt(self, user: str, client_id: str) -> bool:
+        """Never throttled by storage (``storage.exempt_users`` / ``exempt_client_ids``)."""
+        return user in self.exempt_users or client_id in self.exempt_client_ids
+
+
 class QuotaManager:
-    def __init__(self, settings: QuotaSettings, idle_expiry_ms: int = ONE_HOUR_MS) -> None:
+    def __init__(self, settings: QuotaSettings, idle_expiry_ms: int = ONE_HOUR_MS,
+                 storage: StorageScaling | None = None) -> None:
         self.idle_expiry_ms = idle_expiry_ms
         self.sensors: dict[tuple[QuotaType, Tags], Sensor] = {}
         self.settings = settings
@@ -81,14 +102,40 @@ class QuotaManager:
         # lookup on the hot path); both cleared on config change and expiry
         self._resolved: dict[tuple[QuotaType, str, str], Resolution] = {}
         self._sensor_of: dict[tuple[QuotaType, str, str], Sensor] = {}
-        # Storage-aware throttling (``quota.storage``): while set, every produce bound is
-        # scaled by it, clients without a produce quota get ``unquoted_produce_bound`` scaled
-        # alike, and exempt users and client-ids keep their own. 0 (paused) throttles nothing
-        # here: the proxy admits no produce bytes at all then.
-        self.produce_scale: float | None = None
-        self.unquoted_produce_bound = 0.0
-        self.exempt_users: frozenset[str] = frozenset()
-        self.exempt_client_ids: frozenset[str] = frozenset()
+        self.storage = StorageScaling() if storage is None else storage
+
+    # The storage scaling's fields, as the manager's own (a replay sets them so).
+    @property
+    def produce_scale(self) -> float | None:
+        return self.storage.scale
+
+    @produce_scale.setter
+    def produce_scale(self, scale: float | None) -> None:
+        self.storage.scale = scale
+
+    @property
+    def unquoted_produce_bound(self) -> float:
+        return self.storage.unquoted_produce_bound
+
+    @unquoted_produce_bound.setter
+    def unquoted_produce_bound(self, bound: float) -> None:
+        self.storage.unquoted_produce_bound = bound
+
+    @property
+    def exempt_users(self) -> frozenset[str]:
+        return self.storage.exempt_users
+
+    @exempt_users.setter
+    def exempt_users(self, users: frozenset[str]) -> None:
+        self.storage.exempt_users = users
+
+    @property
+    def exempt_client_ids(self) -> frozenset[str]:
+        return self.storage.exempt_client_ids
+
+    @exempt_client_ids.setter
+    def exempt_client_ids(self, client_ids: frozenset[str]) -> None:
+        self.storage.exempt_client_ids = client_ids
 
     # ------------------------------------------------------------------ configuration
     def update(self, settings: QuotaSettings) -> None:
@@ -146,9 +193,10 @@ class QuotaManager:
         sensor.last_record_ms = now_ms
         bound = sensor.bound
         if quota_type is QuotaType.PRODUCE:
+            storage = self.storage
             if isinstance(scale, Current):
-                scale = self.produce_scale
-            if scale is not None and not self.storage_exempt(user, client_id):
+                scale = storage.scale
+            if scale is not None and not storage.exempt(user, client_id):
                 return self._paced_throttle(sensor, value, now_ms, scale)
         if bound is None:
             sensor.rate.record(value, now_ms)
@@ -185,7 +233,7 @@ class QuotaManager:
         request was read under, decides the throttle: a replay gives the same."""
         sensor.rate.record(value, now_ms)
         configured = sensor.bound
-        bound = (self.unquoted_produce_bound if configured is None else configured) * scale
+        bound = (self.storage.unquoted_produce_bound if configured is None else configured) * scale
         paced = sensor.paced_until
         if paced is None or paced < now_ms:
             paced = now_ms
@@ -202,14 +250,15 @@ class QuotaManager:
         return throttle
 
     def storage_exempt(self, user: str, client_id: str) -> bool:
-        return user in self.exempt_users or client_id in self.exempt_client_ids
+        return self.storage.exempt(user, client_id)
 
     def produce_bound(self, bound: float | None, user: str, client_id: str) -> float | None:
         """The produce bound in force for a budget whose configured bound is ``bound``."""
-        scale = self.produce_scale
-        if scale is None or self.storage_exempt(user, client_id):
+        storage = self.storage
+        scale = storage.scale
+        if scale is None or storage.exempt(user, client_id):
             return bound
-        return (self.unquoted_produce_bound if bound is None else bound) * scale
+        return (storage.unquoted_produce_bound if bound is None else bound) * scale
 
     def produce_headroom(self, user: str, client_id: str, now_ms: int) -> bool:
         """``Sensor.headroom`` of this client's produce budget, under the bound in force;
@@ -217,7 +266,7 @@ class QuotaManager:
         still not be throttled."""
         sensor = self.sensor(QuotaType.PRODUCE, user, client_id, now_ms)
         bound = self.produce_bound(sensor.bound, user, client_id)
-        if self.produce_scale is None or self.storage_exempt(user, client_id):
+        if self.storage.scale is None or self.storage.exempt(user, client_id):
             return sensor.headroom(now_ms, bound)
         if bound is None or bound <= 0:
             return False

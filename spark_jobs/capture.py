@@ -10,8 +10,6 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-SCHEMA_VERSION = 2
-
 
 def read_capture(spark: SparkSession, directory: str | Path) -> DataFrame:
     """Every complete capture file (``.inprogress`` ones are being written)."""
