@@ -13,7 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy_bench import WORKLOAD_FAILURES
+from harness import WORKLOAD_FAILURES
 from quota_bench import interleaved, report_ratio, round_args, save_result
 
 OFF, ON = "capture-off", "capture-on"

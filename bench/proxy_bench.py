@@ -21,42 +21,50 @@ import json
 import logging
 import os
 import platform
-import random
-import re
 import shutil
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections import Counter
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import confluent_kafka
-import psutil  # type: ignore[import-untyped]
 import yaml
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from harness import (
+    HOST,
+    MB,
+    WORKLOAD_FAILURES,
+    ClientLog,
+    CpuMeter,
+    ForeignCpu,
+    ManagedProcess,
+    Measurement,
+    ProfileResult,
+    SignalGuard,
+    Terminated,
+    Watchdog,
+    WorkloadError,
+    own_time_from_raw,
+    percentile,
+    pick_port_range,
+    pyspy_record,
+    wait_ready,
+)
 
 from demo.embedded_broker import TansuBroker, free_port, tansu_binary
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
-HOST = "127.0.0.1"
 
 DIRECT, PROXY, TANSU_PROXY = "direct", "proxy", "tansu-proxy"
 PATHS = (DIRECT, PROXY, TANSU_PROXY)
 TARGET_RATIO = 0.85
-MB = 1_000_000
-GB = 1_000_000_000
-WORKLOAD_TIMEOUT_S = 180.0   # a workload that takes longer fails
-STALL_TIMEOUT_S = 20.0       # ... and so does one without progress for this long
 
 
 # ---------------------------------------------------------------------------- settings
@@ -79,90 +87,6 @@ class Settings:
         base: dict[str, Any] = {"rounds": 2, "messages": 50_000, "latency_seconds": 2.0,
                                 "quick": True}
         return cls(**(base | overrides))
-
-
-# ---------------------------------------------------------------------------- processes
-
-
-@dataclass
-class ManagedProcess:
-    """A child process in its own session, so the whole group can be signalled."""
-
-    name: str
-    popen: subprocess.Popen[bytes]
-    log_path: Path
-
-    @classmethod
-    def spawn(cls, name: str, argv: list[str], log_dir: Path) -> ManagedProcess:
-        log_path = log_dir / f"{name}.log"
-        with open(log_path, "wb") as log:
-            popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True,
-                                     cwd=log_dir, env=os.environ | {"PYTHONUNBUFFERED": "1"})
-        return cls(name, popen, log_path)
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
-
-    def check_alive(self) -> None:
-        rc = self.popen.poll()
-        if rc is not None:
-            raise RuntimeError(f"{self.name} (pid {self.pid}) exited with code {rc}; "
-                               f"log tail:\n{self.log_tail()}")
-
-    def signal(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, sig)
-
-    def stop(self, timeout: float = 5.0) -> None:
-        if self.popen.poll() is None:
-            self.signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.popen.wait(timeout)
-        # the leader may be gone while other members of its group live on
-        self.signal(signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.popen.wait(timeout)
-
-
-def wait_ready(process: ManagedProcess, port: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        process.check_alive()
-        try:
-            with socket.create_connection((HOST, port), timeout=1):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{process.name}: nothing listens on {HOST}:{port} after "
-                                   f"{timeout}s; log tail:\n{process.log_tail()}") from None
-            time.sleep(0.05)
-
-
-def _port_is_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((HOST, port))
-        except OSError:
-            return False
-    return True
-
-
-def pick_port_range(count: int, avoid: set[int], attempts: int = 100) -> tuple[int, int]:
-    for _ in range(attempts):
-        base = random.randint(20_000, 60_000 - count)
-        ports = range(base, base + count)
-        if not avoid.intersection(ports) and all(_port_is_free(p) for p in ports):
-            return base, base + count - 1
-    raise RuntimeError(f"found no {count} consecutive free ports")
 
 
 # ---------------------------------------------------------------------------- environment
@@ -232,114 +156,6 @@ def start_environment(stack: contextlib.ExitStack, workdir: Path) -> dict[str, E
     for endpoint in endpoints.values():
         endpoint.admin.list_topics(timeout=15)      # each path answers metadata
     return endpoints
-
-
-# ---------------------------------------------------------------------------- measurements
-
-
-class CpuMeter:
-    """user+sys CPU seconds of a process (all its threads), or nothing if there is none."""
-
-    def __init__(self, pid: int | None) -> None:
-        self._process = psutil.Process(pid) if pid is not None else None
-
-    def read(self) -> float | None:
-        if self._process is None:
-            return None
-        times = self._process.cpu_times()
-        return float(times.user + times.system)
-
-
-class ForeignCpu:
-    """Approximate CPU seconds used by processes other than this benchmark and its children
-    (user+nice+system of the machine minus ours): shows whether something else disturbed the run."""
-
-    def __init__(self) -> None:
-        self._start = self._sample()
-
-    @staticmethod
-    def _sample() -> tuple[float, float]:
-        t = psutil.cpu_times()
-        machine = t.user + t.nice + t.system
-        me = psutil.Process()
-        ours = 0.0
-        for proc in (me, *me.children(recursive=True)):
-            with contextlib.suppress(psutil.Error):
-                times = proc.cpu_times()
-                ours += times.user + times.system
-        return float(machine), ours
-
-    def seconds(self) -> float:
-        machine, ours = self._sample()
-        return max(0.0, (machine - self._start[0]) - (ours - self._start[1]))
-
-
-@dataclass(frozen=True)
-class Measurement:
-    seconds: float
-    messages: int
-    bytes: int
-    mb_per_s: float
-    middlebox_cpu_s: float | None        # CPU seconds of the proxy process in between
-    middlebox_cpu_s_per_gb: float | None
-
-    @classmethod
-    def of(cls, seconds: float, messages: int, nbytes: int,
-           cpu_before: float | None, cpu_after: float | None) -> Measurement:
-        cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
-        return cls(seconds, messages, nbytes, nbytes / MB / seconds, cpu,
-                   None if cpu is None else cpu / (nbytes / GB))
-
-
-class WorkloadError(Exception):
-    pass
-
-
-# what a failing path raises
-WORKLOAD_FAILURES = (WorkloadError, KafkaException, TimeoutError)
-
-
-class ClientLog:
-    """librdkafka's log lines of one client, collected instead of printed so that a workload
-    can quote them (librdkafka hands them over with Python logging levels)."""
-
-    def __init__(self) -> None:
-        self.lines: list[tuple[int, str]] = []
-
-    def log(self, level: int, fmt: str, *args: Any) -> None:
-        self.lines.append((level, fmt % args if args else fmt))
-
-    def summary(self, min_level: int = 0, examples: int = 2) -> str | None:
-        picked = [msg for level, msg in self.lines if level >= min_level]
-        if not picked:
-            return None
-        distinct = list(dict.fromkeys(re.sub(r"\d+ms", "Nms", msg) for msg in picked))
-        return f"librdkafka logged {len(picked)} line(s), e.g. " + " | ".join(distinct[:examples])
-
-
-class Watchdog:
-    """Ends a workload that makes no progress for ``stall_s`` or runs past ``timeout_s``."""
-
-    def __init__(self, what: str, total: int, log: ClientLog,
-                 stall_s: float = STALL_TIMEOUT_S, timeout_s: float = WORKLOAD_TIMEOUT_S) -> None:
-        self.what, self.total, self.log = what, total, log
-        self.stall_s, self.timeout_s = stall_s, timeout_s
-        self.started = self.last_progress = time.monotonic()
-        self.done = 0
-
-    def check(self, done: int) -> None:
-        now = time.monotonic()
-        if done != self.done:
-            self.done, self.last_progress = done, now
-        problem = None
-        if now - self.last_progress > self.stall_s:
-            problem = f"no progress for {self.stall_s:.0f}s"
-        elif now - self.started > self.timeout_s:
-            problem = f"not done after {self.timeout_s:.0f}s"
-        if problem:
-            log = self.log.summary()
-            raise WorkloadError(f"{self.what}: {problem}, at {done}/{self.total} messages"
-                                + (f"; {log}" if log else ""))
 
 
 def create_topic(endpoint: Endpoint, topic: str) -> None:
@@ -472,65 +288,6 @@ def latency_workload(bootstrap: str, topic: str, seconds: float, rate: float,
     return latencies[warmup_messages:]   # delivery reports come in order
 
 
-# ---------------------------------------------------------------------------- profiling
-
-
-@dataclass(frozen=True)
-class ProfileResult:
-    svg: str | None
-    raw: str | None
-    native: bool                         # recorded with --native (C frames of uvloop, libc)
-    samples: int
-    idle_samples: int                    # waiting in epoll: the proxy had nothing to do
-    top_own: list[tuple[str, int]]       # (function (file), own samples), most first
-
-
-def _pyspy_record(pyspy: str, pid: int, out: Path, fmt: str, native: bool, duration_s: int,
-                  workload: Callable[[], None], log_dir: Path) -> bool:
-    argv = [pyspy, "record", "--pid", str(pid), "--output", str(out), "--format", fmt,
-            "--duration", str(duration_s), "--rate", "250", "--function",
-            *(["--native"] if native else [])]
-    recorder = ManagedProcess.spawn(f"py-spy-{fmt}", argv, log_dir)
-    try:
-        time.sleep(1.0)                       # let it attach
-        recorder.check_alive()
-        workload()
-        recorder.signal(signal.SIGINT)        # py-spy writes its output on Ctrl-C
-        recorder.popen.wait(60)
-    except (RuntimeError, subprocess.TimeoutExpired) as exc:
-        print(f"  py-spy ({fmt}) failed: {exc}", file=sys.stderr)
-    finally:
-        recorder.stop()
-    if not out.is_file():
-        print(f"  py-spy wrote no {out.name}; its log:\n{recorder.log_tail()}", file=sys.stderr)
-        return False
-    return True
-
-
-_LINE_NO = re.compile(r":\d+\)$")
-_UNRESOLVED = re.compile(r"^0x[0-9a-f]+ \((.+)\)$")
-_IDLE = re.compile(r"^(epoll_wait|epoll_pwait2?|poll|ppoll|select|pselect6?) \(")
-
-
-def own_time_from_raw(raw_text: str, top: int = 20) -> tuple[int, int, list[tuple[str, int]]]:
-    """py-spy raw output is collapsed stacks ``f1;f2;...;fn count``: fn has the own time.
-    Returns (samples, idle samples, top leaf frames of the busy samples)."""
-    own: Counter[str] = Counter()
-    total = idle = 0
-    for line in raw_text.splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        n = int(count)
-        total += n
-        leaf = _LINE_NO.sub(")", stack.rsplit(";", 1)[-1])
-        if _IDLE.match(leaf):
-            idle += n
-            continue
-        own[_UNRESOLVED.sub(r"<unresolved> (\1)", leaf)] += n
-    return total, idle, own.most_common(top)
-
-
 # ---------------------------------------------------------------------------- the run
 
 
@@ -598,16 +355,6 @@ def run_throughput_round(endpoint: Endpoint, round_no: int, position: int,
                        log.summary(min_level=logging.WARNING))
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if len(ordered) == 1:
-        return ordered[0]
-    pos = (len(ordered) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
 def run_latency(endpoints: dict[str, Endpoint],
                 settings: Settings) -> tuple[list[LatencyResult], dict[str, str]]:
     """Latency per path, and the error of each path that failed."""
@@ -660,12 +407,12 @@ def run_profile(endpoint: Endpoint, settings: Settings, stamp: str,
         print(f"  profile      {endpoint.name:<12} {_round_cell(result)}", flush=True)
 
     native = True
-    got_svg = _pyspy_record(pyspy, pid, svg, "flamegraph", native, duration, workload, workdir)
+    got_svg = pyspy_record(pyspy, pid, svg, "flamegraph", native, duration, workload, workdir)
     if not got_svg:                       # --native needs ptrace and unwinding support
         native = False
-        got_svg = _pyspy_record(pyspy, pid, svg, "flamegraph", native, duration, workload,
+        got_svg = pyspy_record(pyspy, pid, svg, "flamegraph", native, duration, workload,
                                 workdir)
-    got_raw = _pyspy_record(pyspy, pid, raw, "raw", native, duration, workload, workdir)
+    got_raw = pyspy_record(pyspy, pid, raw, "raw", native, duration, workload, workdir)
     total, idle, top = own_time_from_raw(raw.read_text()) if got_raw else (0, 0, [])
     return ProfileResult(str(svg) if got_svg else None, str(raw) if got_raw else None,
                          native, total, idle, top)
@@ -913,39 +660,6 @@ def write_json(result: BenchResult) -> Path:
     path = RESULTS_DIR / f"proxy_bench-{result.started_at}.json"
     path.write_text(json.dumps(result_to_json(result), indent=2) + "\n")
     return path
-
-
-# ---------------------------------------------------------------------------- CLI
-
-
-class Terminated(BaseException):
-    """SIGTERM/SIGHUP, turned into an exception so ``finally`` blocks stop the children."""
-
-
-class SignalGuard:
-    """Turns SIGINT/SIGTERM/SIGHUP into exceptions (so ``finally`` blocks stop the children)
-    and remembers the signal: a librdkafka call it interrupts may surface as ``SystemError``
-    ("returned NULL without setting an exception") instead of ``KeyboardInterrupt``."""
-
-    def __init__(self) -> None:
-        self.received: str | None = None
-        self._previous: dict[int, Any] = {}
-
-    def _handler(self, signum: int, _frame: Any) -> None:
-        self.received = signal.Signals(signum).name
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise Terminated(self.received)
-
-    def __enter__(self) -> SignalGuard:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            if signal.getsignal(sig) is not signal.SIG_IGN:   # respect nohup and friends
-                self._previous[sig] = signal.signal(sig, self._handler)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, old in self._previous.items():
-            signal.signal(sig, old)
 
 
 def parse_args(argv: list[str] | None) -> Settings:

@@ -28,17 +28,15 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy_bench import (
+from harness import (
     HOST,
     WORKLOAD_FAILURES,
-    Endpoint,
     ManagedProcess,
     Measurement,
-    Settings,
     pick_port_range,
-    run_throughput_round,
     wait_ready,
 )
+from proxy_bench import Endpoint, Settings, run_throughput_round
 
 from demo.embedded_broker import TansuBroker, free_port
 from quota.entities import DEFAULT, EntityKey, QuotaType
