@@ -6,7 +6,7 @@ import os
 from array import array
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from quota.sampled import SampledRate
@@ -115,6 +115,10 @@ def test_at_or_below_quota_is_never_throttled(samples: int, window_ms: int, quot
     quota=st.integers(10_000, 5_000_000),
     piece=st.floats(0.001, 0.03),
 )
+# Measured over 150 s this gave 1.051: for requests near 3% of a second's quota the burst
+# starts do not cut whole cycles, and the phase error fades only with a longer run (1.010 over
+# 600 s, 1.002 over 3,000 s); hence the run's length grows with the request size.
+@example(samples=12, quota=10_000, piece=0.029689672461800057)
 def test_greedy_client_obeying_throttles_converges_to_quota(samples: int, quota: int,
                                                             piece: float) -> None:
     """A client that sends as fast as it may (waiting out each throttle) is admitted at the
@@ -130,7 +134,10 @@ def test_greedy_client_obeying_throttles_converges_to_quota(samples: int, quota:
     starts: list[tuple[int, float]] = []  # (time, bytes sent before) of each burst
     throttle = 0
     steady: tuple[int, float] | None = None  # (time, bytes sent before) at 30 s
-    while t < 150_000:
+    # 150 s, and up to 600 s for the largest requests (few iterations each: the cost stays
+    # that of the smallest requests over 150 s)
+    run_ms = int(150_000 + 450_000 * piece / 0.03)
+    while t < run_ms:
         before = sent
         if steady is None and t >= 30_000:
             steady = (t, sent)
