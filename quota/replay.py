@@ -1,14 +1,8 @@
 """Replay captured requests through the quota engine, exactly as the proxy recorded them.
 
-The proxy keeps one ``QuotaManager`` per upstream broker and, for each request, records (at
-``quota_ms`` on its quota clock, in ``seq`` order):
-
-- Produce: ``request_bytes - 4`` (acks=0 too, when it is read);
-- a consumer Fetch: ``response_bytes - 4``;
-- every request with a response except replica fetches: its request time as a percentage of
-  one thread;
-
-each only while some entity has a quota of that type. ``replay`` does the same for the
+The proxy keeps one ``QuotaManager`` per upstream broker and records each request (at
+``quota_ms`` on its quota clock, in ``seq`` order) by ``quota.recording.record_request``,
+the one recording rule. ``replay`` calls the same for the
 requests of one broker, in order, and yields the throttle each quota type returns. Under the
 config that was live at capture time this reproduces the proxy's throttles; under another it
 answers "what would that config have done".
@@ -25,9 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from quota.entities import DEFAULT, DEFAULT_NAME, EntityKey, Name, QuotaType
-from quota.manager import ONE_HOUR_MS, QuotaManager, QuotaSettings, percent_of_thread
+from quota.manager import ONE_HOUR_MS, QuotaManager, QuotaSettings
+from quota.recording import record_request
 
-PRODUCE_KEY, FETCH_KEY = 0, 1
 EXPIRE_EVERY_MS = 60_000  # the proxy's idle-sensor expiry loop
 
 
@@ -164,7 +158,6 @@ def replay_rows(rows: Iterable[Row], settings: QuotaSettings | Callable[[int], Q
         request_on = bool(s.for_type(REQUEST))
 
     next_expiry = 0
-    record: Callable[[QuotaType, str, str, float, int], int] | None = None
     scale: float | None = None
     for (now, user, cid, api_key, request_bytes, response_bytes, duration_us, request_time,
          follower, gen, storage_scale) in rows:
@@ -179,13 +172,11 @@ def replay_rows(rows: Iterable[Row], settings: QuotaSettings | Callable[[int], Q
                 manager.exempt_client_ids = storage.exempt_client_ids
             configure(first)
             next_expiry = now + EXPIRE_EVERY_MS
-            record = manager.record
         elif by_generation is not None and gen != generation:
             generation = gen
             new = by_generation(gen)
             manager.update(new)
             configure(new)
-        assert record is not None
         if storage_scale is not None and not storage_scale >= 0:  # NaN or negative
             storage_scale = None
         if storage_scale != scale:
@@ -196,15 +187,11 @@ def replay_rows(rows: Iterable[Row], settings: QuotaSettings | Callable[[int], Q
         if now >= next_expiry:
             manager.expire(now)
             next_expiry = now + EXPIRE_EVERY_MS
-        p = f = q = 0
-        if api_key == PRODUCE_KEY:
-            if produce_on or scale is not None:
-                p = record(PRODUCE, user, cid, request_bytes - 4, now)
-        elif api_key == FETCH_KEY and fetch_on and not follower:
-            f = record(FETCH, user, cid, response_bytes - 4, now)
-        if request_on and not follower and response_bytes >= 0:
-            elapsed = request_time if request_time > 0 else duration_us / 1000.0
-            q = record(REQUEST, user, cid, percent_of_thread(elapsed), now)
+        # (captures before request_time_ms was exact: the duration instead)
+        elapsed = request_time if request_time > 0 else duration_us / 1000.0
+        p, f, q = record_request(manager, user, cid, api_key, request_bytes, response_bytes,
+                                 follower, elapsed, now, scale, produce_on or scale is not None,
+                                 fetch_on, request_on)
         put_p(p)
         put_f(f)
         put_r(q)

@@ -16,7 +16,7 @@ from proxy.filters.base import Filter, FilterHost, propose_throttle
 from proxy.metrics import ProxyStats
 from quota.enforcer import QuotaEnforcer
 from quota.entities import QuotaType
-from quota.manager import percent_of_thread
+from quota.recording import record_request
 
 _PRODUCE = int(ApiKey.PRODUCE)
 _FETCH = int(ApiKey.FETCH)
@@ -111,13 +111,14 @@ class QuotaFilter(Filter):
         """acks=0: no response to throttle, but the client is still held back (and its
         request time is exempt, as in Kafka)."""
         quotas = self.quotas
-        throttle = 0
         now = _now_ms()
+        throttle = 0
         if quotas.enabled(QuotaType.PRODUCE):
             client = self.client
-            throttle = quotas.manager(client.scope).record(
-                QuotaType.PRODUCE, client.user, entry.client_id or "", entry.request_size - 4,
-                now)
+            throttle = record_request(
+                quotas.manager(client.scope), client.user, entry.client_id or "", _PRODUCE,
+                entry.request_size, -1, False, 0.0, now, entry.storage_scale, True, False,
+                False)[0]
             if throttle > 0:
                 self.stats.throttled[QuotaType.PRODUCE.short] += 1
                 self.stats.throttle_ms[QuotaType.PRODUCE.short] += throttle
@@ -126,37 +127,28 @@ class QuotaFilter(Filter):
 
     # ------------------------------------------------------------------ responses
     def response(self, entry: InFlight, now_ms: int, elapsed_ms: float) -> None:
-        """Record this response's quotas; propose the throttle if one is violated."""
+        """Record this response's quotas (``quota.recording``, the rule the replays use);
+        propose the throttle if one is violated."""
         if entry.quota_reservation is not None:
             self._release(entry)
         quotas = self.quotas
         if not quotas.active:
             return
-        key = entry.api_key
         client = self.client
-        user, cid = client.user, entry.client_id or ""
-        manager = quotas.manager(client.scope)
-        byte_throttle = request_throttle = 0
-        kind = None
-        request_time = 0.0
-        if key == _PRODUCE and quotas.enabled(QuotaType.PRODUCE):
-            kind = QuotaType.PRODUCE
-            byte_throttle = manager.record(kind, user, cid, entry.request_size - 4, now_ms,
-                                           entry.storage_scale)
-        elif key == _FETCH and not entry.follower and quotas.enabled(QuotaType.FETCH):
-            kind = QuotaType.FETCH
-            byte_throttle = manager.record(kind, user, cid, entry.response_size - 4, now_ms)
-        if quotas.enabled(QuotaType.REQUEST) and not entry.follower:
-            # Request time: proxy processing plus the upstream round trip (the proxy cannot
-            # see broker thread time), as a percentage of one thread.
-            request_time = elapsed_ms
-            request_throttle = manager.record(
-                QuotaType.REQUEST, user, cid, percent_of_thread(elapsed_ms), now_ms)
-        entry.recorded = (now_ms, request_time, byte_throttle if key == _PRODUCE else 0,
-                          byte_throttle if key == _FETCH else 0, request_throttle)
-        if kind is not None:
-            propose_throttle(entry, byte_throttle, kind)
-        propose_throttle(entry, request_throttle, QuotaType.REQUEST)
+        request_on = quotas.enabled(QuotaType.REQUEST)
+        produce, fetch, request = record_request(
+            quotas.manager(client.scope), client.user, entry.client_id or "", entry.api_key,
+            entry.request_size, entry.response_size, entry.follower, elapsed_ms, now_ms,
+            entry.storage_scale, quotas.enabled(QuotaType.PRODUCE),
+            quotas.enabled(QuotaType.FETCH), request_on)
+        request_time = elapsed_ms if request_on and not entry.follower else 0.0
+        entry.recorded = (now_ms, request_time, produce, fetch, request)
+        if produce:
+            propose_throttle(entry, produce, QuotaType.PRODUCE)
+        elif fetch:
+            propose_throttle(entry, fetch, QuotaType.FETCH)
+        if request:
+            propose_throttle(entry, request, QuotaType.REQUEST)
 
     def closed(self, reason: str) -> None:
         for entry in self.host.table.entries():
