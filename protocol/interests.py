@@ -26,31 +26,33 @@ Declaration = Callable[[int, int], Interest]
 
 
 class InterestTable:
-    """The union of the declarations, for every API and version the protocol knows."""
+    """The union of the declarations, for every API and version the protocol knows. Built once
+    per listener; what the streams ask per frame is answered from plain sets and booleans (the
+    enum's operators are Python-level code, too slow for the hot path)."""
 
-    __slots__ = ("_by_key", "any")
+    __slots__ = ("_consumer_frames", "fetch_partitions", "produce_partitions",
+                 "wants_consumer_frames")
 
     def __init__(self, declarations: Iterable[Declaration]) -> None:
         declared = list(declarations)
-        self._by_key: dict[int, tuple[Interest, ...]] = {}
         wanted = Interest.NONE
+        consumer_frames: set[tuple[int, int]] = set()
         for api_key, (_, _, top, _, _) in API_TABLE.items():
-            per_version = []
             for version in range(top + 1):
                 interest = Interest.NONE
                 for declare in declared:
                     interest |= declare(api_key, version)
-                per_version.append(interest)
                 wanted |= interest
-            if any(per_version):
-                self._by_key[api_key] = tuple(per_version)
-        self.any = wanted  # what some (api_key, version) wants
+                if interest & Interest.CONSUMER_REQUEST_FRAME:
+                    consumer_frames.add((api_key, version))
+        self._consumer_frames = frozenset(consumer_frames)
+        self.wants_consumer_frames = bool(consumer_frames)
+        self.produce_partitions = bool(wanted & Interest.PRODUCE_PARTITIONS)
+        self.fetch_partitions = bool(wanted & Interest.FETCH_PARTITIONS)
 
-    def get(self, api_key: int, api_version: int) -> Interest:
-        versions = self._by_key.get(api_key)
-        if versions is None or not 0 <= api_version < len(versions):
-            return Interest.NONE
-        return versions[api_version]
+    def consumer_frame(self, api_key: int, api_version: int) -> bool:
+        """Whether a consumer's request of this API and version is wanted whole."""
+        return (api_key, api_version) in self._consumer_frames
 
 
 NOTHING = InterestTable(())

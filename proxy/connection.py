@@ -19,7 +19,6 @@ from typing import Any, cast
 from protocol.apis import ApiKey
 from protocol.correlation import CorrelationTable, InFlight
 from protocol.errors import ProtocolError
-from protocol.interests import Interest
 from protocol.rewrite import throttle_field
 from protocol.stream import Buffer, RequestStream, ResponseStream
 from proxy.clock import now_ms
@@ -58,21 +57,19 @@ class ProxiedConnection(asyncio.Protocol):
 
         def consumer_frame(e: InFlight) -> bool:
             """Requests read whole on their way upstream (consumer fetches to route)."""
-            return (not e.follower
-                    and bool(interests.get(e.api_key, e.api_version)
-                             & Interest.CONSUMER_REQUEST_FRAME))
+            return not e.follower and interests.consumer_frame(e.api_key, e.api_version)
 
         self.requests = RequestStream(
             self.table, net.max_frame_bytes,
-            consumer_frame if interests.any & Interest.CONSUMER_REQUEST_FRAME else None,
-            measure_produce=bool(interests.any & Interest.PRODUCE_PARTITIONS))
+            consumer_frame if interests.wants_consumer_frames else None,
+            measure_produce=interests.produce_partitions)
         self.responses = ResponseStream(
             self.table,
             ctx.rewriter,
             net.max_frame_bytes,
             ctx.rewriter.rewrite_tail,
             self._on_response,
-            measure_fetch=bool(interests.any & Interest.FETCH_PARTITIONS),
+            measure_fetch=interests.fetch_partitions,
         )
         self.transport: asyncio.Transport | None = None
         self.upstream: UpstreamSide | None = None
