@@ -93,11 +93,18 @@ class FaultTraffic(GoodTraffic):
     - ``rewind()`` replaces the consumer by a fresh one in a fresh group, reading from the
       start of the log (after a broker restarted empty).
     - ``consumed_total`` counts every consumed message (for the recovery time).
+    - Stopping flushes for at most ``flush_seconds``: after a broker restarted empty, an
+      idempotent librdkafka producer can keep a partition's messages queued with no request
+      outstanding (its sequence state no longer matches the broker's) and ``flush`` would wait
+      for ``message.timeout.ms``. What is still queued then is purged and counted in
+      ``unsettled``: never acknowledged, never re-sent.
     """
 
     def __init__(self, *args: Any, session_timeout_ms: int | None = None,
-                 **kwargs: Any) -> None:
+                 flush_seconds: float = 300.0, **kwargs: Any) -> None:
         self.session_timeout_ms = session_timeout_ms
+        self.flush_seconds = flush_seconds
+        self.unsettled = 0
         self.fatal: list[str] = []
         self.consumed_total = 0
         self.newest_consumed = -1  # the highest key sequence number consumed
@@ -138,12 +145,17 @@ class FaultTraffic(GoodTraffic):
                 self._send_due(producer, start)
             except KafkaException as exc:
                 producer = replace(producer, exc)
-        for _ in range(3):
+        deadline = time.monotonic() + self.flush_seconds
+        while True:
             try:
-                producer.flush(300)
+                self.unsettled = producer.flush(max(deadline - time.monotonic(), 0))
                 break
             except KafkaException as exc:
                 producer = replace(producer, exc)
+        if self.unsettled:
+            producer.purge()
+            with contextlib.suppress(KafkaException):
+                producer.flush(10)  # serves the purged messages' delivery reports
 
     def _consume(self) -> None:
         from confluent_kafka import Consumer, TopicPartition
@@ -173,7 +185,7 @@ class FaultTraffic(GoodTraffic):
 
     def stop_producing(self) -> None:
         self._stop.set()
-        self._threads[0].join(400)
+        self._threads[0].join(self.flush_seconds + 30)
 
 
 def _seq(key: bytes) -> int:
@@ -193,6 +205,7 @@ class Settings:
     session_timeout_ms: int | None = None
     recover_timeout: float = 60.0
     drain_seconds: float = 120.0  # for every acknowledged message to be consumed at the end
+    flush_seconds: float = 300.0  # for the producers' queues at the end (then purged, counted)
 
 
 class Recovery:
@@ -303,7 +316,8 @@ def _run_fault(fault: str, broker: TansuBroker, proxy: ProxyProcess, s: Settings
     watches = [ProcessWatch(proxy.process.pid).start()]
     traffic = [FaultTraffic(proxy.bootstrap, rate=s.rate, partitions=s.partitions,
                             group=i == 0, name=f"{fault.replace('_', '')}{i}",
-                            session_timeout_ms=s.session_timeout_ms)
+                            session_timeout_ms=s.session_timeout_ms,
+                            flush_seconds=s.flush_seconds)
                for i in range(s.producers)]
     for t in traffic:
         t.start()
@@ -392,6 +406,7 @@ def _run_fault(fault: str, broker: TansuBroker, proxy: ProxyProcess, s: Settings
                 "duplicated": sum(x.duplicated for x in tallies),
                 "producer_fatal_errors": sum(len(t.fatal) for t in traffic)}
     out["not_acknowledged"] = out["sent"] - acked
+    out["unsettled_at_stop"] = sum(t.unsettled for t in traffic)
     out["delivery_errors"] = sum(len(t.errors) for t in traffic)
     out |= figures
     out |= {"produce_p99_ms": round(max(x.produce_latency_p99_ms for x in tallies), 1),

@@ -25,7 +25,7 @@ def test_faults_bounded(tmp_path: Path) -> None:
     # would cost 23 s a join); it still outlasts the 5 s freeze.
     results = run(workdir=tmp_path, producers=2, rate=200.0, partitions=3, warmup_seconds=4,
                   after_seconds=4, stop_seconds=5, session_timeout_ms=10_000,
-                  recover_timeout=30, drain_seconds=30)
+                  recover_timeout=30, drain_seconds=30, flush_seconds=30)
     for fault, figures in results.items():
         print_figures(f"{fault}: {NOTES[fault]}", figures)
     assert list(results) == ["broker_stop", "proxy_restart", "broker_kill"]
@@ -45,6 +45,7 @@ def test_faults_bounded(tmp_path: Path) -> None:
         assert f["acknowledged"] > 2_000, fault
         assert f["acknowledged"] == f["consumed"] == f["sent"], fault
         assert f["producer_fatal_errors"] == 0 and f["delivery_errors"] == 0, fault
+        assert f["unsettled_at_stop"] == 0, fault
     stop = results["broker_stop"]
     assert stop["recovery_produce_s"] < 5 and stop["recovery_consume_s"] < 5
 
