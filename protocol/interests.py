@@ -10,7 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from enum import IntFlag
 
+from protocol import apis
 from protocol._api_table import API_TABLE
+
+# Fetch versions whose broker addresses (KIP-951 node_endpoints) are rewritten while the
+# response streams: only the top-level tagged fields are held back.
+FETCH_STREAMED_FROM = 16
 
 
 class Interest(IntFlag):
@@ -20,6 +25,8 @@ class Interest(IntFlag):
     CONSUMER_REQUEST_FRAME = 1  # a copy of the whole request frame, consumers' requests only
     PRODUCE_PARTITIONS = 2  # Produce requests walked as they pass: bytes per partition
     FETCH_PARTITIONS = 4  # Fetch responses walked as they pass: bytes per partition
+    RESPONSE_FRAME = 8  # every response held whole and handed to the rewriter
+    RESPONSE_TAIL = 16  # responses streamed, their top-level tagged fields handed to the rewriter
 
 
 Declaration = Callable[[int, int], Interest]
@@ -31,12 +38,14 @@ class InterestTable:
     enum's operators are Python-level code, too slow for the hot path)."""
 
     __slots__ = ("_consumer_frames", "fetch_partitions", "produce_partitions",
-                 "wants_consumer_frames")
+                 "response_frames", "response_tails", "wants_consumer_frames")
 
     def __init__(self, declarations: Iterable[Declaration]) -> None:
         declared = list(declarations)
         wanted = Interest.NONE
         consumer_frames: set[tuple[int, int]] = set()
+        frames: set[tuple[int, int]] = set()
+        tails: set[tuple[int, int]] = set()
         for api_key, (_, _, top, _, _) in API_TABLE.items():
             for version in range(top + 1):
                 interest = Interest.NONE
@@ -45,7 +54,14 @@ class InterestTable:
                 wanted |= interest
                 if interest & Interest.CONSUMER_REQUEST_FRAME:
                     consumer_frames.add((api_key, version))
+                if interest & Interest.RESPONSE_FRAME:
+                    frames.add((api_key, version))
+                elif interest & Interest.RESPONSE_TAIL:  # a whole frame includes its tail
+                    tails.add((api_key, version))
         self._consumer_frames = frozenset(consumer_frames)
+        # (api_key, api_version) pairs; the response stream tests membership per response
+        self.response_frames = frozenset(frames)
+        self.response_tails = frozenset(tails)
         self.wants_consumer_frames = bool(consumer_frames)
         self.produce_partitions = bool(wanted & Interest.PRODUCE_PARTITIONS)
         self.fetch_partitions = bool(wanted & Interest.FETCH_PARTITIONS)
@@ -55,4 +71,16 @@ class InterestTable:
         return (api_key, api_version) in self._consumer_frames
 
 
+def addresses(api_key: int, api_version: int) -> Interest:
+    """The address rewriter's declaration: every response that may carry a broker address (or,
+    for ApiVersions, version ranges to cap) is rewritten whole, except Fetch v16+, whose only
+    addresses are in its top-level tagged fields, rewritten as the response streams."""
+    if api_key == apis.ApiKey.FETCH and api_version >= FETCH_STREAMED_FROM:
+        return Interest.RESPONSE_TAIL
+    if apis.needs_response_rewrite(api_key, api_version):
+        return Interest.RESPONSE_FRAME
+    return Interest.NONE
+
+
 NOTHING = InterestTable(())
+ADDRESSES = InterestTable([addresses])  # what every proxied connection needs

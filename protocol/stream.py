@@ -3,8 +3,9 @@
 Kafka frames are a 4-byte big-endian size followed by that many bytes. The proxy does not
 wait for whole frames it does not need to change: once a frame's size and header are read
 and accepted, the rest of the frame is forwarded as it arrives, as the same bytes. Only
-responses that must be rewritten (see ``apis.ADDRESS_BEARING``) are held until complete and
-handed to the rewriter.
+responses that must be rewritten (what ``protocol.interests`` says, per API and version, or
+what the caller asks for when a response starts) are held until complete and handed to the
+rewriter.
 
 Sizes are checked before any buffering: a negative size or one above ``max_frame_bytes``
 raises at once, so a hostile size never causes an allocation.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from typing import NamedTuple
 
 from protocol import apis
 from protocol.correlation import CorrelationTable, InFlight
@@ -31,6 +33,7 @@ from protocol.incremental import (
     fetch_response_walk,
     produce_request_walk,
 )
+from protocol.interests import ADDRESSES, InterestTable
 from protocol.primitives import INT32
 
 DEFAULT_MAX_FRAME_BYTES = 100 * 1024 * 1024  # Kafka's socket.request.max.bytes
@@ -333,48 +336,79 @@ class RequestStream:
 Rewriter = Callable[[InFlight, Buffer], bytes | None]
 TailRewriter = Callable[[InFlight, bytes], bytes]
 
-_FETCH_STREAMED_FROM = 16  # Fetch versions whose node_endpoints are rewritten while streaming
+
+def _same_tail(entry: InFlight, tail: bytes) -> bytes:
+    return tail
+
+
+class ResponseStarted(NamedTuple):
+    """A response has started: ``entry`` is its request, with ``response_size`` set. Before
+    the next ``next_event()``, the caller may call ``rewrite_whole()`` to have this frame held
+    and handed to the rewriter whole (the proxy does, to set ``throttle_time_ms`` or
+    ``preferred_read_replica``)."""
+
+    entry: InFlight
+
+
+class Forward(NamedTuple):
+    """Everything received so far is handled: the byte segments to write to the client, in
+    order, and the requests whose responses completed (in order). Then: ``receive_data``."""
+
+    segments: list[Buffer]
+    completed: list[InFlight]
 
 
 class ResponseStream:
-    """Broker -> client. ``feed`` returns the byte segments to write to the client, in order,
-    and the requests whose responses have completed (with ``response_size`` set).
+    """Broker -> client, in the manner of h11: ``receive_data(data)``, then ``next_event()``
+    until it returns ``Forward``. With ``announce=True`` each response's start is an event
+    (``ResponseStarted``) where the caller decides; without, only ``Forward`` is returned.
+    ``feed(data)`` does both for a caller that decides nothing.
 
-    ``rewriter(entry, frame)`` gets a whole response frame without its size prefix (bytes, or
-    a memoryview into the received data: copy it to keep it) and returns the new frame
-    (without size prefix), or ``None`` to forward it unchanged, without a copy.
+    What each (api_key, api_version) needs is the ``interests`` table's answer (by default the
+    address rewriter's declaration, ``interests.ADDRESSES``):
 
-    ``on_response(entry)`` is called as each response starts (``response_size`` known); when it
-    returns True the frame goes to ``rewriter`` whole (the proxy uses this to set
-    ``throttle_time_ms``).
-
-    With a ``tail_rewriter``, Fetch v16+ responses are not held: they stream through while
-    ``incremental.Walker`` follows them, and only their top-level tagged fields (KIP-951
-    ``node_endpoints``) are held back and replaced by ``tail_rewriter(entry, tail)``, which
-    must return exactly ``len(tail)`` bytes.
-
-    With ``measure_fetch``, every Fetch response is walked as it passes (streamed, or whole
-    when it is rewritten anyway) and its entry's ``partitions`` set to ``[(topic, partition,
-    bytes of record batches)]`` (``None`` where the response does not parse: it then passes
-    unchanged all the same). The bytes still go through cut-through.
+    - ``response_frames``: the frame is held until complete and handed to
+      ``rewriter(entry, frame)`` (without its size prefix; bytes, or a memoryview into the
+      received data: copy it to keep it), which returns the new frame or ``None`` to forward it
+      unchanged, without a copy.
+    - ``response_tails``: the frame streams through while ``incremental.Walker`` follows it,
+      and only its top-level tagged fields (KIP-951 ``node_endpoints``) are held back and
+      replaced by ``tail_rewriter(entry, tail)``, which must return exactly ``len(tail)`` bytes.
+    - ``fetch_partitions``: every Fetch response is walked as it passes (streamed, or whole
+      when it is rewritten anyway) and its entry's ``partitions`` set to ``[(topic, partition,
+      bytes of record batches)]`` (``None`` where the response does not parse: it then passes
+      unchanged all the same). The bytes still go through cut-through.
+    - anything else passes through as the same bytes, cut-through.
     """
 
     __slots__ = (
+        "_announce",
         "_collect",
         "_collect_entry",
         "_collect_need",
         "_current",
+        "_data",
+        "_done",
+        "_end",
+        "_frames",
         "_hold_tail",
         "_max",
         "_measure",
-        "_on_response",
+        "_mv",
+        "_out",
         "_pending",
+        "_pos",
+        "_receiving",
         "_remaining",
         "_rewriter",
+        "_run_start",
+        "_started",
         "_table",
         "_tail",
         "_tail_rewriter",
+        "_tails",
         "_walker",
+        "_whole",
     )
 
     def __init__(
@@ -382,15 +416,17 @@ class ResponseStream:
         table: CorrelationTable,
         rewriter: Rewriter,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-        tail_rewriter: TailRewriter | None = None,
-        on_response: Callable[[InFlight], bool] | None = None,
-        measure_fetch: bool = False,
+        tail_rewriter: TailRewriter = _same_tail,
+        interests: InterestTable = ADDRESSES,
+        announce: bool = False,
     ) -> None:
         self._table = table
         self._rewriter = rewriter
         self._tail_rewriter = tail_rewriter
-        self._on_response = on_response
-        self._measure = measure_fetch
+        self._frames = interests.response_frames
+        self._tails = interests.response_tails
+        self._measure = interests.fetch_partitions
+        self._announce = announce
         self._walker: Walker | None = None
         self._hold_tail = False  # the streamed frame's top-level tagged fields are rewritten
         self._tail: list[bytes] = []
@@ -401,6 +437,19 @@ class ResponseStream:
         self._collect: list[Buffer] = []
         self._collect_need = 0
         self._collect_entry: InFlight | None = None
+        # The data being handled between ``receive_data`` and the ``Forward`` that ends it:
+        # where the next frame starts, the start of the current run of pass-through bytes, the
+        # end of the frame whose start was announced, and what is forwarded so far.
+        self._data = b""
+        self._mv = _NOTHING
+        self._pos = 0
+        self._run_start = 0
+        self._end = 0
+        self._out: list[Buffer] = []
+        self._done: list[InFlight] = []
+        self._started: InFlight | None = None  # announced, not decided yet
+        self._receiving = False  # between receive_data and the Forward that ends its events
+        self._whole = False
 
     @property
     def buffered(self) -> int:
@@ -409,128 +458,183 @@ class ResponseStream:
     @property
     def in_progress(self) -> InFlight | None:
         """The request whose response has started but not completed, if any."""
-        return self._current or self._collect_entry
+        return self._current or self._collect_entry or self._started
 
-    def feed(self, data: bytes) -> tuple[list[Buffer], list[InFlight]]:
-        out: list[Buffer] = []
-        done: list[InFlight] = []
+    def feed(self, data: bytes) -> Forward:
+        """``receive_data(data)`` and every event up to ``Forward``, deciding nothing."""
+        self.receive_data(data)
+        event = self.next_event()
+        while event.__class__ is ResponseStarted:
+            event = self.next_event()
+        assert isinstance(event, Forward)
+        return event
+
+    def rewrite_whole(self) -> None:
+        """The response just announced is held and handed to the rewriter whole."""
+        if self._started is None:
+            raise RuntimeError("rewrite_whole() answers a ResponseStarted event")
+        self._whole = True
+
+    def receive_data(self, data: bytes) -> None:
+        """Take the next bytes from the broker; what they hold comes from ``next_event()``."""
+        if self._receiving:
+            raise RuntimeError("receive_data() before next_event() returned Forward")
+        self._receiving = True
+        out = self._out
         if self._pending:
             data = self._pending + data
             self._pending = b""
         n = len(data)
-        pos = 0
-        run_start = 0  # start of the current run of pass-through bytes
         mv = memoryview(data)
+        self._data = data
+        self._mv = mv
+        self._pos = self._run_start = 0
         if self._collect_need:
             # Continue a frame being collected for rewriting.
             take = min(self._collect_need, n)
             self._collect.append(mv[:take])
             self._collect_need -= take
-            if self._collect_need:
-                return out, done
-            entry = self._collect_entry
-            assert entry is not None
-            frame = b"".join(self._collect)
-            self._collect = []
-            self._collect_entry = None
-            if self._measure and entry.api_key == _FETCH:
-                _measure_whole(entry, frame)
-            new = self._rewriter(entry, frame)
-            out.append(INT32.pack(len(frame if new is None else new)))
-            out.append(frame if new is None else new)
-            done.append(entry)
-            pos = run_start = take
+            if not self._collect_need:
+                entry = self._collect_entry
+                assert entry is not None
+                frame = b"".join(self._collect)
+                self._collect = []
+                self._collect_entry = None
+                if self._measure and entry.api_key == _FETCH:
+                    _measure_whole(entry, frame)
+                new = self._rewriter(entry, frame)
+                out.append(INT32.pack(len(frame if new is None else new)))
+                out.append(frame if new is None else new)
+                self._done.append(entry)
+            self._pos = self._run_start = take
         elif self._remaining and self._walker is not None:
             # Continue a streamed frame.
             take = min(self._remaining, n)
             self._stream(mv, 0, take, out)
             self._remaining -= take
-            if self._remaining:
-                return out, done
-            done.append(self._finish_stream(out))
-            pos = run_start = take
+            if not self._remaining:
+                self._done.append(self._finish_stream(out))
+            self._pos = self._run_start = take
         elif self._remaining:
-            # Continue a pass-through frame.
+            # Continue a pass-through frame: its bytes start the run.
             rem = self._remaining
             if rem > n:
                 self._remaining = rem - n
-                out.append(data)
-                return out, done
-            self._remaining = 0
-            current = self._current
-            assert current is not None
-            done.append(current)
-            self._current = None
-            pos = rem
+                self._pos = n
+            else:
+                self._remaining = 0
+                current = self._current
+                assert current is not None
+                self._done.append(current)
+                self._current = None
+                self._pos = rem
+
+    def next_event(self) -> ResponseStarted | Forward:
+        started = self._started
+        if started is not None:
+            self._started = None
+            whole, self._whole = self._whole, False
+            if not self._dispatch(started, whole):
+                return self._forward()
+        data = self._data
+        n = len(data)
+        pos = self._pos
         table = self._table
         max_frame = self._max
         while pos < n:
             if n - pos < 8:
                 if n - pos >= 4:  # the size alone can already be wrong
                     _check_size(INT32.unpack_from(data, pos)[0], max_frame)
-                self._pending = bytes(mv[pos:])
-                break
+                self._pending = data[pos:]
+                self._pos = n
+                return self._forward(pos)
             size = INT32.unpack_from(data, pos)[0]
             _check_size(size, max_frame)
             if size < 4:
                 raise MalformedFrame(f"response frame of {size} bytes has no correlation id")
             entry = table.pop(INT32.unpack_from(data, pos + 4)[0])
             entry.response_size = size + 4
-            end = pos + 4 + size
-            # The hook sees each response as it starts (to record quotas); True sends the frame
-            # through the whole-frame rewriter (to set throttle_time_ms).
-            patch = self._on_response is not None and self._on_response(entry)
-            hold_tail = (
-                entry.api_key == _FETCH
-                and entry.api_version >= _FETCH_STREAMED_FROM
-                and self._tail_rewriter is not None
-            )
-            if not patch and (hold_tail or (self._measure and entry.api_key == _FETCH)):
-                # The size prefix goes now; the body streams while the walker follows it.
-                out.append(mv[run_start : pos + 4])
-                parts: PartitionBytes | None = [] if self._measure else None
-                entry.partitions = parts
-                self._walker = Walker(fetch_response_walk(entry.api_version, parts))
-                self._hold_tail = hold_tail
-                self._current = entry
-                self._stream(mv, pos + 4, min(end, n), out)
-                if end <= n:
-                    done.append(self._finish_stream(out))
-                    pos = run_start = end
-                    continue
-                self._remaining = end - n
-                pos = run_start = n
+            self._pos = pos
+            self._end = pos + 4 + size
+            if self._announce:
+                self._started = entry
+                return ResponseStarted(entry)
+            if not self._dispatch(entry, False):
                 break
-            if patch or apis.needs_response_rewrite(entry.api_key, entry.api_version):
-                if end <= n:
-                    if self._measure and entry.api_key == _FETCH:
-                        _measure_whole(entry, mv[pos + 4 : end])
-                    new = self._rewriter(entry, mv[pos + 4 : end])
-                    done.append(entry)
-                    if new is not None:  # else the frame joins the pass-through run
-                        if pos > run_start:
-                            out.append(mv[run_start:pos])
-                        out.append(INT32.pack(len(new)) + new)
-                        run_start = end
-                    pos = end
-                    continue
-                if pos > run_start:
-                    out.append(mv[run_start:pos])
-                self._collect = [mv[pos + 4 :]]
-                self._collect_need = end - n
-                self._collect_entry = entry
-                pos = run_start = n
-                break
-            if end > n:
-                self._remaining = end - n
-                self._current = entry
-                pos = n
-                break
-            done.append(entry)
-            pos = end
-        if pos > run_start:
-            out.append(data if run_start == 0 and pos == n else mv[run_start:pos])
-        return out, done
+            pos = self._pos
+        return self._forward()
+
+    def _forward(self, upto: int | None = None) -> Forward:
+        """The ``Forward`` that ends the received data: the pass-through run up to ``upto``
+        (default: where handling stopped) joins the segments."""
+        data = self._data
+        end = self._pos if upto is None else upto
+        run_start = self._run_start
+        out = self._out
+        if end > run_start:
+            out.append(data if run_start == 0 and end == len(data) else self._mv[run_start:end])
+        event = Forward(out, self._done)
+        self._receiving = False
+        self._out = []
+        self._done = []
+        self._data = b""
+        self._mv = _NOTHING
+        self._pos = self._run_start = 0
+        return event
+
+    def _dispatch(self, entry: InFlight, whole: bool) -> bool:
+        """Send the frame at ``[_pos, _end)`` its way: streamed, held whole, or passed
+        through. True when it ended within the data (``_pos`` is then its end), False when
+        it continues in later data (``_pos`` is then the end of the data)."""
+        pos, end, mv = self._pos, self._end, self._mv
+        n = len(mv)
+        out = self._out
+        key = (entry.api_key, entry.api_version)
+        hold_tail = key in self._tails
+        if not whole and (hold_tail or (self._measure and entry.api_key == _FETCH)):
+            # The size prefix goes now; the body streams while the walker follows it.
+            out.append(mv[self._run_start : pos + 4])
+            parts: PartitionBytes | None = [] if self._measure else None
+            entry.partitions = parts
+            self._walker = Walker(fetch_response_walk(entry.api_version, parts))
+            self._hold_tail = hold_tail
+            self._current = entry
+            self._stream(mv, pos + 4, min(end, n), out)
+            if end <= n:
+                self._done.append(self._finish_stream(out))
+                self._pos = self._run_start = end
+                return True
+            self._remaining = end - n
+            self._pos = self._run_start = n
+            return False
+        if whole or key in self._frames:
+            if end <= n:
+                if self._measure and entry.api_key == _FETCH:
+                    _measure_whole(entry, mv[pos + 4 : end])
+                new = self._rewriter(entry, mv[pos + 4 : end])
+                self._done.append(entry)
+                if new is not None:  # else the frame joins the pass-through run
+                    if pos > self._run_start:
+                        out.append(mv[self._run_start : pos])
+                    out.append(INT32.pack(len(new)) + new)
+                    self._run_start = end
+                self._pos = end
+                return True
+            if pos > self._run_start:
+                out.append(mv[self._run_start : pos])
+            self._collect = [mv[pos + 4 :]]
+            self._collect_need = end - n
+            self._collect_entry = entry
+            self._pos = self._run_start = n
+            return False
+        if end > n:
+            self._remaining = end - n
+            self._current = entry
+            self._pos = n
+            return False
+        self._done.append(entry)
+        self._pos = end
+        return True
 
     def _stream(self, mv: memoryview, start: int, end: int, out: list[Buffer]) -> None:
         """Bytes ``[start, end)`` of a streamed frame: forward what the walker has passed,
@@ -566,7 +670,6 @@ class ResponseStream:
             if not walker.done:  # shorter than its structure says: not measured
                 entry.partitions = None
             return entry
-        assert self._tail_rewriter is not None
         tail = b"".join(self._tail)
         self._tail = []
         if not walker.done:

@@ -20,7 +20,7 @@ from protocol.apis import ApiKey
 from protocol.correlation import CorrelationTable, InFlight
 from protocol.errors import ProtocolError
 from protocol.rewrite import throttle_field
-from protocol.stream import Buffer, RequestStream, ResponseStream
+from protocol.stream import Buffer, Forward, RequestStream, ResponseStarted, ResponseStream
 from proxy.clock import now_ms
 from proxy.context import ConnectionContext
 from proxy.filters.base import Client, FilterChain
@@ -63,13 +63,14 @@ class ProxiedConnection(asyncio.Protocol):
             self.table, net.max_frame_bytes,
             consumer_frame if interests.wants_consumer_frames else None,
             measure_produce=interests.produce_partitions)
+        self.chain = FilterChain([make(self) for make in ctx.filters])
         self.responses = ResponseStream(
             self.table,
             ctx.rewriter,
             net.max_frame_bytes,
             ctx.rewriter.rewrite_tail,
-            self._on_response,
-            measure_fetch=interests.fetch_partitions,
+            interests,
+            announce=bool(self.chain.response),
         )
         self.transport: asyncio.Transport | None = None
         self.upstream: UpstreamSide | None = None
@@ -84,7 +85,6 @@ class ProxiedConnection(asyncio.Protocol):
         self.last_active = _clock()
         self.frame_started: float | None = None
         self._finishing = False  # draining: answered, FIN sent, what comes is discarded
-        self.chain = FilterChain([make(self) for make in ctx.filters])
 
     @property
     def peer(self) -> str:
@@ -257,16 +257,14 @@ class ProxiedConnection(asyncio.Protocol):
         return None
 
     # ------------------------------------------------------------------ responses
-    def _on_response(self, entry: InFlight) -> bool:
+    def _response_started(self, entry: InFlight) -> bool:
         """A response starts: the filters record it (and may throttle the client). Returns
         whether the response goes through the rewriter (to set ``throttle_time_ms`` or
         ``preferred_read_replica``)."""
-        hooks = self.chain.response
-        if hooks:
-            now = now_ms()
-            elapsed_ms = (_now() - entry.forwarded_at) * 1000.0
-            for hook in hooks:
-                hook(entry, now, elapsed_ms)
+        now = now_ms()
+        elapsed_ms = (_now() - entry.forwarded_at) * 1000.0
+        for hook in self.chain.response:
+            hook(entry, now, elapsed_ms)
         routed = entry.route is not None  # the rewriter sets preferred_read_replica
         throttle = entry.throttle_ms
         if throttle <= 0:
@@ -316,8 +314,15 @@ class ProxiedConnection(asyncio.Protocol):
 
     def upstream_data(self, data: bytes) -> None:
         self.last_active = _clock()
+        responses = self.responses
         try:
-            segments, done = self.responses.feed(data)
+            responses.receive_data(data)
+            event = responses.next_event()
+            while type(event) is ResponseStarted:
+                if self._response_started(event.entry):
+                    responses.rewrite_whole()
+                event = responses.next_event()
+            segments, done = cast(Forward, event)
         except ProtocolError as exc:
             self.close(exc.reason, detail=str(exc), side="upstream")
             return

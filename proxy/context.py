@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from config.schema import NetworkConfig
 from protocol.interests import InterestTable
-from protocol.rewrite import ResponseRewriter
+from proxy.brokers import ListeningRewriter
 from proxy.filters.base import FilterFactory
 from proxy.metrics import ProxyStats
 
@@ -38,6 +38,6 @@ class ConnectionContext:
     network: NetworkConfig
     connect_timeout_seconds: float
     stats: ProxyStats
-    rewriter: ResponseRewriter
+    rewriter: ListeningRewriter  # the response rewriter, listening on new brokers' ports
     interests: InterestTable  # of the filters below
     filters: tuple[FilterFactory, ...]  # one filter of each, per connection, in chain order

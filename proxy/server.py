@@ -24,9 +24,10 @@ from typing import Any
 from config.errors import ConfigError
 from config.loading import load_config
 from config.schema import ProxyConfig
-from protocol.interests import InterestTable
+from protocol.addresses import Broker, BrokerAddresses
+from protocol.interests import InterestTable, addresses
 from protocol.rewrite import ResponseRewriter
-from proxy.brokers import Broker, BrokerRegistry
+from proxy.brokers import ListeningRewriter
 from proxy.capture_writer import Capture
 from proxy.clock import now_ms
 from proxy.cluster import fetch_brokers
@@ -80,11 +81,12 @@ class Proxy:
         self.stats = ProxyStats()
         self.quotas = QuotaEnforcer(config.quotas.settings())
         self.stats.quota_entities = self._quota_entity_rows
-        self.registry = BrokerRegistry(
-            config.listeners.advertised_host, config.listeners.broker_ports, self._bind_broker
-        )
+        ports = config.listeners.broker_ports
+        self.registry = BrokerAddresses(config.listeners.advertised_host, ports.first, ports.last)
         self.stats.brokers_known = lambda: len(self.registry)
         self.rewriter = ResponseRewriter(self.registry)
+        # what the response streams call: the rewrite, then listeners on the ports it handed out
+        self.listening = ListeningRewriter(self.rewriter, self.registry, self._bind_broker)
         self.routing = FetchRouting(config.racks)
         self.capture: Capture | None = None
         if self.routing.enabled:
@@ -144,8 +146,8 @@ class Proxy:
         return ConnectionContext(
             host=self, listener=listener, scope=scope, network=self.config.network,
             connect_timeout_seconds=self.config.upstream.connect_timeout_seconds,
-            stats=self.stats, rewriter=self.rewriter,
-            interests=InterestTable(cls.interests for cls, _ in made),
+            stats=self.stats, rewriter=self.listening,
+            interests=InterestTable([addresses, *(cls.interests for cls, _ in made)]),
             filters=tuple(make for _, make in made))
 
     # ------------------------------------------------------------------ startup
@@ -258,7 +260,7 @@ class Proxy:
                 )
                 continue
             for b in brokers:
-                self.registry.advertise(b.node_id, b.host, b.port, b.rack)
+                self.listening.advertise(b.node_id, b.host, b.port, b.rack)
             self.live_brokers = {b.node_id for b in brokers}
             if self.routing.enabled:
                 self.routing.topology.observe_brokers((b.node_id, b.rack) for b in brokers)

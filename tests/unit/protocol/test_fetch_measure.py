@@ -22,7 +22,8 @@ from protocol.incremental import (
     fetch_response_walk,
     produce_request_walk,
 )
-from protocol.stream import RequestStream, ResponseStream
+from protocol.interests import ADDRESSES, Interest, InterestTable, addresses
+from protocol.stream import RequestStream, ResponseStarted, ResponseStream
 from tests.support.frames import chunked, kio_encode, kio_values, ms, response_class, response_frame
 
 FETCH = 1
@@ -57,6 +58,13 @@ def test_walker_measures_every_partition_under_any_chunking(version: int, data: 
     assert parts == expected_parts(value, version)
 
 
+def _fetch_partitions(api_key: int, api_version: int) -> Interest:
+    return Interest.FETCH_PARTITIONS if api_key == FETCH else Interest.NONE
+
+
+MEASURED = InterestTable([addresses, _fetch_partitions])
+
+
 def _stream(version: int, body: bytes, chunks: list[bytes], *, rewrite: bool = False,
             measure: bool = True) -> tuple[bytes, InFlight]:
     table = CorrelationTable()
@@ -69,13 +77,19 @@ def _stream(version: int, body: bytes, chunks: list[bytes], *, rewrite: bool = F
         return None
 
     stream = ResponseStream(table, rewriter, tail_rewriter=lambda e, tail: tail,
-                            on_response=lambda e: rewrite, measure_fetch=measure)
+                            interests=MEASURED if measure else ADDRESSES, announce=True)
     out: list[bytes] = []
     done: list[InFlight] = []
     for chunk in chunks:
-        segments, finished = stream.feed(chunk)
-        out.extend(bytes(s) for s in segments)
-        done.extend(finished)
+        stream.receive_data(chunk)
+        event = stream.next_event()
+        while isinstance(event, ResponseStarted):
+            assert event.entry is entry
+            if rewrite:
+                stream.rewrite_whole()
+            event = stream.next_event()
+        out.extend(bytes(s) for s in event.segments)
+        done.extend(event.completed)
     assert done == [entry]
     assert stream.in_progress is None
     assert rewritten == ([True] if rewrite else [])

@@ -24,7 +24,13 @@ from protocol.errors import (
 )
 from protocol.headers import encode_request_header
 from protocol.rewrite import ResponseRewriter
-from protocol.stream import DEFAULT_MAX_FRAME_BYTES, RequestStream, ResponseStream
+from protocol.stream import (
+    DEFAULT_MAX_FRAME_BYTES,
+    Forward,
+    RequestStream,
+    ResponseStarted,
+    ResponseStream,
+)
 from tests.support.frames import (
     chunked,
     frame,
@@ -412,6 +418,57 @@ def test_response_stream_pass_through_under_any_chunking(data: Any, resps: list[
     assert all(d is r.entry for d, r in zip(done, resps, strict=True))
     assert [d.response_size for d in done] == [len(r.data) for r in resps]
     assert len(table) == 0
+
+
+@settings(max_examples=120, deadline=None)
+@given(data=st.data(), resps=pass_through_responses())
+def test_each_response_start_is_an_event_and_the_caller_picks_whole_frames(
+        data: Any, resps: list[Resp]):
+    """With ``announce``, every response's start is a point where the stream returns, in
+    order, under any chunking, before any byte of it is forwarded; the frames the caller asks
+    for whole (here: every other one) reach the rewriter whole, the others pass untouched."""
+    table = CorrelationTable()
+    for r in resps:
+        table.add(r.entry)
+    rewritten: list[tuple[InFlight, bytes]] = []
+
+    def rewriter(e: InFlight, frame: Any) -> bytes:
+        rewritten.append((e, bytes(frame)))
+        return b"X" + bytes(frame)
+
+    stream = ResponseStream(table, rewriter, announce=True)
+    payload = b"".join(r.data for r in resps)
+    expected = b""
+    for i, r in enumerate(resps):
+        if i % 2 == 0:
+            body = b"X" + r.data[4:]
+            expected += struct.pack(">i", len(body)) + body
+        else:
+            expected += r.data
+    out = bytearray()
+    started: list[InFlight] = []
+    done: list[InFlight] = []
+    for chunk in chunked(payload, data.draw):
+        stream.receive_data(chunk)
+        with pytest.raises(RuntimeError):
+            stream.receive_data(b"")  # the events of the last data come first
+        event = stream.next_event()
+        while isinstance(event, ResponseStarted):
+            assert event.entry.response_size == len(resps[len(started)].data)
+            if len(started) % 2 == 0:
+                stream.rewrite_whole()
+            started.append(event.entry)
+            event = stream.next_event()
+        assert isinstance(event, Forward)
+        for seg in event.segments:
+            out += seg
+        done += event.completed
+        assert expected.startswith(bytes(out))
+    with pytest.raises(RuntimeError):
+        stream.rewrite_whole()  # only as the answer to ResponseStarted
+    assert started == done == [r.entry for r in resps]
+    assert [e for e, _ in rewritten] == [r.entry for r in resps[::2]]
+    assert bytes(out) == expected
 
 
 @st.composite

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from protocol.interests import NOTHING, Interest, InterestTable
+from protocol import apis
+from protocol._api_table import API_TABLE
+from protocol.interests import ADDRESSES, NOTHING, Interest, InterestTable, addresses
 
 
 def _routing(api_key: int, api_version: int) -> Interest:
@@ -29,3 +31,23 @@ def test_what_nobody_declares_is_not_wanted() -> None:
     assert not only_routing.produce_partitions and not only_routing.fetch_partitions
     assert not NOTHING.wants_consumer_frames and not NOTHING.consumer_frame(1, 11)
     assert not NOTHING.produce_partitions and not NOTHING.fetch_partitions
+
+
+def test_address_bearing_responses_are_held_whole_but_fetch_v16_streams() -> None:
+    """The rewriter's declaration: every version a client may use of an API that can carry a
+    broker address is rewritten (whole, or Fetch v16+ by its tagged fields), nothing else."""
+    for api_key, (_, _, top, _, _) in API_TABLE.items():
+        for version in range(top + 1):
+            if not apis.accepts_request_version(api_key, version):
+                continue
+            pair = (api_key, version)
+            needed = apis.needs_response_rewrite(api_key, version)
+            assert (pair in ADDRESSES.response_frames or pair in ADDRESSES.response_tails) == needed
+            assert not (pair in ADDRESSES.response_frames and pair in ADDRESSES.response_tails)
+            assert (pair in ADDRESSES.response_tails) == (api_key == 1 and version >= 16)
+    assert (3, 12) in ADDRESSES.response_frames  # Metadata
+    assert (0, 10) in ADDRESSES.response_frames and (0, 9) not in ADDRESSES.response_frames
+    assert not NOTHING.response_frames and not NOTHING.response_tails
+    # A filter's whole-frame interest wins over the streamed tail.
+    whole_fetch = InterestTable([addresses, lambda k, v: Interest.RESPONSE_FRAME * (k == 1)])
+    assert (1, 16) in whole_fetch.response_frames and (1, 16) not in whole_fetch.response_tails

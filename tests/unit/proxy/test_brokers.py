@@ -7,33 +7,45 @@ import asyncio
 import pytest
 
 from config.loading import parse_config
-from config.schema import PortRange
 from demo.embedded_broker import free_port, free_port_range
-from proxy.brokers import Broker, BrokerPortsExhausted, BrokerRegistry
+from protocol.addresses import Broker, BrokerAddresses, BrokerPortsExhausted
+from protocol.correlation import InFlight
+from protocol.rewrite import ResponseRewriter
+from proxy.brokers import ListeningRewriter
+from tests.support.frames import response_frame
+
+FIND_COORDINATOR = 10
 
 
-def _registry(first: int = 9193, last: int = 9292, refuse: set[int] | None = None
-              ) -> tuple[BrokerRegistry, list[Broker]]:
+def _registry(first: int = 9193, last: int = 9292) -> BrokerAddresses:
+    return BrokerAddresses("proxy.example", first, last)
+
+
+def _listening(first: int, last: int, refuse: set[int]
+               ) -> tuple[ListeningRewriter, BrokerAddresses, list[Broker]]:
+    """The runtime side over a fake bind that refuses the ports in ``refuse``."""
+    addresses = _registry(first, last)
     bound: list[Broker] = []
 
     def bind(broker: Broker) -> None:
-        if refuse and broker.proxy_port in refuse:
+        if broker.proxy_port in refuse:
             raise OSError(98, "Address already in use")
         bound.append(broker)
 
-    return BrokerRegistry("proxy.example", PortRange(first, last), bind), bound
+    return ListeningRewriter(ResponseRewriter(addresses), addresses, bind), addresses, bound
 
 
 def test_port_is_first_plus_node_id_modulo_size() -> None:
-    registry, bound = _registry()
+    registry = _registry()
     assert registry.advertise(1, "b1", 9092, None) == ("proxy.example", 9194)
     assert registry.advertise(111, "b111", 9092, "r") == ("proxy.example", 9193 + 11)
-    assert [b.node_id for b in bound] == [1, 111]
+    # handed out as data: the runtime listens on them before the response is written
+    assert [b.node_id for b in registry.unbound] == [1, 111]
 
 
 def test_same_cluster_same_ports_whatever_the_discovery_order() -> None:
-    a, _ = _registry()
-    b, _ = _registry()
+    a = _registry()
+    b = _registry()
     ids = [5, 1001, 3, 2002]
     ports_a = {n: a.advertise(n, f"h{n}", 9092, None)[1] for n in ids}
     ports_b = {n: b.advertise(n, f"h{n}", 9092, None)[1] for n in reversed(ids)}
@@ -41,7 +53,7 @@ def test_same_cluster_same_ports_whatever_the_discovery_order() -> None:
 
 
 def test_clash_probes_the_next_free_port() -> None:
-    registry, _ = _registry(9000, 9009)
+    registry = _registry(9000, 9009)
     assert registry.advertise(3, "a", 1, None)[1] == 9003
     assert registry.advertise(13, "b", 1, None)[1] == 9004
     assert registry.advertise(9, "c", 1, None)[1] == 9009
@@ -49,15 +61,29 @@ def test_clash_probes_the_next_free_port() -> None:
 
 
 def test_unbindable_port_is_skipped() -> None:
-    registry, bound = _registry(9000, 9009, refuse={9003})
-    assert registry.advertise(3, "a", 1, None)[1] == 9004
+    listening, registry, bound = _listening(9000, 9009, refuse={9003})
+    assert listening.advertise(3, "a", 1, None)[1] == 9004
     assert [b.proxy_port for b in bound] == [9004]
+    assert not registry.unbound and registry.get(3) == bound[0]
+
+
+def test_a_response_naming_an_unbindable_port_is_rewritten_again() -> None:
+    """The rewrite hands out 9003, which cannot be bound: the response is rewritten again and
+    names 9004, the port that listens (never a port the proxy does not serve)."""
+    listening, registry, bound = _listening(9000, 9009, refuse={9003})
+    entry = InFlight(FIND_COORDINATOR, 0, 1, "c", 0, True)
+    body = (b"\x00\x00" + (3).to_bytes(4, "big") + (len(b"up")).to_bytes(2, "big") + b"up"
+            + (9092).to_bytes(4, "big"))  # error 0, node 3 at up:9092
+    new = listening(entry, response_frame(FIND_COORDINATOR, 0, 1, body)[4:])
+    assert new is not None and new.endswith((9004).to_bytes(4, "big"))
+    assert b"proxy.example" in new
+    assert [b.proxy_port for b in bound] == [9004] and not registry.unbound
 
 
 def test_port_stays_when_broker_moves() -> None:
-    registry, bound = _registry()
-    port = registry.advertise(7, "old-host", 9092, None)[1]
-    assert registry.advertise(7, "new-host", 9093, "rack-b")[1] == port
+    listening, registry, bound = _listening(9193, 9292, refuse=set())
+    port = listening.advertise(7, "old-host", 9092, None)[1]
+    assert listening.advertise(7, "new-host", 9093, "rack-b")[1] == port
     broker = registry.get(7)
     assert broker is not None and (broker.host, broker.port, broker.rack) == (
         "new-host", 9093, "rack-b")
@@ -65,7 +91,7 @@ def test_port_stays_when_broker_moves() -> None:
 
 
 def test_exhausted_range_raises() -> None:
-    registry, _ = _registry(9000, 9001)
+    registry = _registry(9000, 9001)
     registry.advertise(0, "a", 1, None)
     registry.advertise(1, "b", 1, None)
     with pytest.raises(BrokerPortsExhausted):
@@ -85,7 +111,7 @@ upstream:
   bootstrap_servers: ["127.0.0.1:1"]
 """)
     proxy = Proxy(config)
-    host, port = proxy.registry.advertise(42, "upstream.example", 9092, None)
+    host, port = proxy.listening.advertise(42, "upstream.example", 9092, None)
     assert (host, port) == ("127.0.0.1", base + 42 % 5)
     # The socket listens before the call returns: a client told about the broker can connect.
     _reader, writer = await asyncio.open_connection("127.0.0.1", port)
