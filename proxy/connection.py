@@ -177,6 +177,12 @@ class ProxiedConnection(asyncio.Protocol):
                 return
             # Frames that may still be read before the bound on requests in flight
             room = self._max_in_flight - len(self.table)
+            if room <= 0 and (self.requests.reading_header or not self.requests.mid_frame):
+                # At the bound with no frame under way (bytes can arrive after reading paused):
+                # they stay unread until a response makes room.
+                self.requests.hold(data)
+                self.client_gate.pause("serial")
+                return
             limited = serial or room <= 1
             try:
                 forward, events = self.requests.feed(data, stop_after_frame=limited,
