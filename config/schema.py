@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from protocol.stream import DEFAULT_MAX_FRAME_BYTES
+from protocol.framing import DEFAULT_MAX_FRAME_BYTES
 from quota.entities import DEFAULT, DEFAULT_NAME, EntityKey, Name, QuotaType
 from quota.manager import QuotaSettings
 from quota.replay import settings_from_section

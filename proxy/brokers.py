@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 from protocol.addresses import Broker, BrokerAddresses
 from protocol.correlation import InFlight
+from protocol.framing import Buffer
 from protocol.rewrite import ResponseRewriter
-from protocol.stream import Buffer
 from proxy.logs import get_logger
 
 log = get_logger("kafka_quota_proxy.brokers")
@@ -32,21 +32,30 @@ class ListeningRewriter:
 
     def __call__(self, entry: InFlight, frame: Buffer) -> bytes | None:
         while True:
-            new = self.rewriter(entry, frame)
-            if self.listen_new():
+            try:
+                new = self.rewriter(entry, frame)
+            finally:  # ports handed out before a failure are listened on all the same
+                listening = self.listen_new()
+            if listening:
                 return new
 
     def rewrite_tail(self, entry: InFlight, tail: bytes) -> bytes:
         while True:
-            new = self.rewriter.rewrite_tail(entry, tail)
-            if self.listen_new():
+            try:
+                new = self.rewriter.rewrite_tail(entry, tail)
+            finally:  # ports handed out before a failure are listened on all the same
+                listening = self.listen_new()
+            if listening:
                 return new
 
     def advertise(self, node_id: int, host: str, port: int, rack: str | None) -> tuple[str, int]:
         """``BrokerAddresses.advertise`` with the broker's listener open when it returns."""
         while True:
-            address = self.addresses.advertise(node_id, host, port, rack)
-            if self.listen_new():
+            try:
+                address = self.addresses.advertise(node_id, host, port, rack)
+            finally:  # ports handed out before a failure are listened on all the same
+                listening = self.listen_new()
+            if listening:
                 return address
 
     def listen_new(self) -> bool:

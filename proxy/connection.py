@@ -1,7 +1,10 @@
 """One proxied connection: a client socket paired with its own upstream broker socket.
 
-The asyncio protocols here are thin adapters over the sans-IO streams in ``protocol.stream``:
-``data_received`` feeds the stream and writes what it returns. The connection keeps framing,
+The asyncio protocols here are thin adapters over the sans-IO streams
+(``protocol.request_stream``, ``protocol.response_stream``): ``data_received`` feeds the
+request stream and forwards what it returns; ``upstream_data`` hands the broker's bytes to the
+response stream and answers its events (a response has started: the filters' ``response``
+hooks, then whether to rewrite it whole). The connection keeps framing,
 flow control and the correlation table; every feature of the request path is a filter
 (``proxy.filters``), called through the chain resolved when the connection is made.
 Backpressure: when one side's write buffer passes its high-water mark, reading from the other
@@ -19,8 +22,10 @@ from typing import Any, cast
 from protocol.apis import ApiKey
 from protocol.correlation import CorrelationTable, InFlight
 from protocol.errors import ProtocolError
+from protocol.framing import Buffer
+from protocol.request_stream import RequestStream
+from protocol.response_stream import Forward, ResponseStarted, ResponseStream
 from protocol.rewrite import throttle_field
-from protocol.stream import Buffer, Forward, RequestStream, ResponseStarted, ResponseStream
 from proxy.clock import now_ms
 from proxy.context import ConnectionContext
 from proxy.filters.base import Client, FilterChain

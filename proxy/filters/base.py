@@ -34,7 +34,8 @@ from typing import Any, Protocol
 
 from protocol.correlation import CorrelationTable, InFlight
 from protocol.interests import Interest
-from protocol.stream import RequestStream, ResponseStream
+from protocol.request_stream import RequestStream
+from protocol.response_stream import ResponseStream
 from proxy.flow import ReadGate
 
 

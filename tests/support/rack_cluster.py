@@ -42,10 +42,11 @@ from kio.static.primitive import i32
 from protocol import apis, rewrite
 from protocol.correlation import CorrelationTable, InFlight
 from protocol.fetch import FetchRequestSummary, parse_fetch_request, set_preferred_read_replicas
+from protocol.framing import DEFAULT_MAX_FRAME_BYTES
 from protocol.headers import parse_request_header, parse_response_header, produce_acks
 from protocol.primitives import INT16, INT32
+from protocol.response_stream import Forward, ResponseStarted, ResponseStream
 from protocol.rewrite import decode_response, encode_entity
-from protocol.stream import DEFAULT_MAX_FRAME_BYTES, Forward, ResponseStarted, ResponseStream
 
 HOST = "127.0.0.1"
 

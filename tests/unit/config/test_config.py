@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from config.errors import ConfigError
 from config.loading import load_config, parse_config
 from config.schema import HostPort, PortRange, ProxyConfig
-from protocol.stream import DEFAULT_MAX_FRAME_BYTES
+from protocol.framing import DEFAULT_MAX_FRAME_BYTES
 from tests.support.hostile import alias_bomb
 
 REPO = Path(__file__).resolve().parents[3]

@@ -23,7 +23,8 @@ from protocol.incremental import (
     produce_request_walk,
 )
 from protocol.interests import ADDRESSES, Interest, InterestTable, addresses
-from protocol.stream import RequestStream, ResponseStarted, ResponseStream
+from protocol.request_stream import RequestStream
+from protocol.response_stream import ResponseStarted, ResponseStream
 from tests.support.frames import chunked, kio_encode, kio_values, ms, response_class, response_frame
 
 FETCH = 1

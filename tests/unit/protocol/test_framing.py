@@ -22,15 +22,11 @@ from protocol.errors import (
     UnknownApiKey,
     UnsupportedVersion,
 )
+from protocol.framing import DEFAULT_MAX_FRAME_BYTES
 from protocol.headers import encode_request_header
+from protocol.request_stream import RequestStream
+from protocol.response_stream import Forward, ResponseStarted, ResponseStream
 from protocol.rewrite import ResponseRewriter
-from protocol.stream import (
-    DEFAULT_MAX_FRAME_BYTES,
-    Forward,
-    RequestStream,
-    ResponseStarted,
-    ResponseStream,
-)
 from tests.support.frames import (
     chunked,
     frame,

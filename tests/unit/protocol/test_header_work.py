@@ -28,13 +28,13 @@ from hypothesis import strategies as st
 
 import protocol.headers as headers_mod
 import protocol.primitives as primitives_mod
-import protocol.stream as stream_mod
+import protocol.request_stream as stream_mod
 from protocol import apis
 from protocol._api_table import API_TABLE
 from protocol.correlation import CorrelationTable, InFlight
 from protocol.errors import MalformedFrame, ProtocolError
 from protocol.headers import HeaderProgress, encode_request_header, parse_request_header
-from protocol.stream import RequestStream
+from protocol.request_stream import RequestStream
 from tests.support.frames import produce_body_prefix, tagged_fields_strategy, texts
 
 MAX_HEADER = 2 * 32767 + 4096  # stream._MAX_HEADER_BYTES

@@ -17,9 +17,9 @@ from protocol.correlation import CorrelationTable, InFlight
 from protocol.errors import MalformedFrame, ProtocolError
 from protocol.headers import encode_response_header
 from protocol.primitives import encode_tagged_fields
+from protocol.response_stream import ResponseStream
 from protocol.rewrite import ResponseRewriter, UndecodableResponse
 from protocol.skim import fetch_response_layout, produce_response_layout
-from protocol.stream import ResponseStream
 from tests.support.frames import (
     PROXY_HOST,
     PROXY_PORT_BASE,

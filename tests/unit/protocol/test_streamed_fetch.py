@@ -15,9 +15,9 @@ from protocol import apis
 from protocol.correlation import CorrelationTable, InFlight
 from protocol.incremental import Walker, fetch_response_walk
 from protocol.primitives import encode_tagged_fields, read_tagged_fields
+from protocol.response_stream import ResponseStream
 from protocol.rewrite import ResponseRewriter, fit_tagged_fields
 from protocol.skim import fetch_response_layout
-from protocol.stream import ResponseStream
 from tests.support.frames import (
     PROXY_HOST,
     RecordingAddressMap,

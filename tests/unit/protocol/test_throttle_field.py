@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from protocol import apis
 from protocol.correlation import CorrelationTable, InFlight
+from protocol.request_stream import RequestStream
 from protocol.rewrite import set_throttle_time, throttle_field
-from protocol.stream import RequestStream
 from tests.support.frames import kio_decode, kio_encode, kio_values, response_class, response_frame
 
 CASES = [(0, v) for v in range(3, apis.kio_version_range(0)[1] + 1)] + [

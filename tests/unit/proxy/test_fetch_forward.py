@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from protocol.correlation import CorrelationTable, InFlight
-from protocol.stream import RequestStream
+from protocol.request_stream import RequestStream
 from proxy.connection import patch_captured
 from tests.support.frames import chunked, request_frame
 

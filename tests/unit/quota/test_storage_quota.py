@@ -9,7 +9,7 @@ import itertools
 import pytest
 
 from protocol.correlation import CorrelationTable
-from protocol.stream import RequestStream
+from protocol.request_stream import RequestStream
 from quota.enforcer import QuotaEnforcer
 from quota.entities import DEFAULT, EntityKey, QuotaType
 from quota.manager import QuotaManager, QuotaSettings
