@@ -5,7 +5,7 @@ and each batch of received data ends with what to write (``Forward``)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 from protocol import apis
 from protocol.correlation import CorrelationTable, InFlight
@@ -149,14 +149,18 @@ class ResponseStream:
         """The request whose response has started but not completed, if any."""
         return self._current or self._collect_entry or self._started
 
-    def feed(self, data: bytes) -> Forward:
-        """``receive_data(data)`` and every event up to ``Forward``, deciding nothing."""
+    def feed(self, data: bytes,
+             rewrite_whole: Callable[[InFlight], bool] | None = None) -> Forward:
+        """``receive_data(data)`` and every event up to ``Forward``; each ``ResponseStarted``
+        is answered by ``rewrite_whole(entry)`` (default: no). For callers off the hot path;
+        the proxy's connection runs the same loop inline."""
         self.receive_data(data)
         event = self.next_event()
-        while event.__class__ is ResponseStarted:
+        while type(event) is ResponseStarted:
+            if rewrite_whole is not None and rewrite_whole(event.entry):
+                self.rewrite_whole()
             event = self.next_event()
-        assert isinstance(event, Forward)
-        return event
+        return cast(Forward, event)
 
     def rewrite_whole(self) -> None:
         """The response just announced is held and handed to the rewriter whole."""

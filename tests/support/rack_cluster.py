@@ -30,7 +30,7 @@ import dataclasses
 import threading
 from collections.abc import Callable
 from functools import cache
-from typing import Any, cast
+from typing import Any
 
 from kio.index import load_entity_module, load_request_schema
 from kio.schema.index import api_key_map
@@ -45,7 +45,7 @@ from protocol.fetch import FetchRequestSummary, parse_fetch_request, set_preferr
 from protocol.framing import DEFAULT_MAX_FRAME_BYTES
 from protocol.headers import parse_request_header, parse_response_header, produce_acks
 from protocol.primitives import INT16, INT32
-from protocol.response_stream import Forward, ResponseStarted, ResponseStream
+from protocol.response_stream import ResponseStream
 from protocol.rewrite import decode_response, encode_entity
 
 HOST = "127.0.0.1"
@@ -446,13 +446,7 @@ class RackCluster:
                 data = await upstream.read(256 * 1024)
                 if not data:
                     return
-                responses.receive_data(data)
-                event = responses.next_event()
-                while type(event) is ResponseStarted:
-                    if self._wants_whole_fetch(event.entry):
-                        responses.rewrite_whole()
-                    event = responses.next_event()
-                segments, done = cast(Forward, event)
+                segments, done = responses.feed(data, self._wants_whole_fetch)
                 for segment in segments:
                     client.write(segment)
                 sizes = [e.response_size for e in done if e.api_key == _FETCH]
