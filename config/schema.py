@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from config.security import ClientTlsConfig, ListenerSecurity, UpstreamSaslConfig
 from protocol.framing import DEFAULT_MAX_FRAME_BYTES
 from quota.entities import DEFAULT, DEFAULT_NAME, EntityKey, Name, QuotaType
 from quota.manager import QuotaSettings
@@ -101,6 +102,9 @@ class ListenersConfig(_Model):
         default=None,
         description="Address the per-broker listeners bind; defaults to the bootstrap host.",
     )
+    security: ListenerSecurity = Field(
+        default=ListenerSecurity(),
+        description="TLS, principals and PROXY protocol of every client listener.")
 
     @field_validator("bootstrap", mode="before")
     @classmethod
@@ -123,6 +127,11 @@ class UpstreamConfig(_Model):
     metadata_refresh_seconds: float = Field(
         default=30.0, gt=0, description="How often the proxy itself refreshes the broker list."
     )
+    tls: ClientTlsConfig | None = Field(
+        default=None, description="TLS toward the brokers (default: plaintext).")
+    sasl: UpstreamSaslConfig | None = Field(
+        default=None, description="The proxy's own SASL identity for its own connections to "
+        "brokers that require SASL.")
 
     @field_validator("bootstrap_servers", mode="before")
     @classmethod

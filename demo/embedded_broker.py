@@ -77,6 +77,8 @@ class TansuBroker:
     log_path: str | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     extra_args: tuple[str, ...] = ()
+    # the port written into metadata, when a front (TLS, SASL) listens there for it
+    advertised_port: int = 0
 
     @property
     def bootstrap(self) -> str:
@@ -86,6 +88,7 @@ class TansuBroker:
         if not self.port:
             self.port = free_port(self.host)
         url = f"tcp://{self.host}:{self.port}"
+        advertised = f"tcp://{self.host}:{self.advertised_port or self.port}"
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         try:
             self.process = subprocess.Popen(
@@ -95,7 +98,7 @@ class TansuBroker:
                     "--listener-url",
                     url,
                     "--advertised-listener-url",
-                    url,
+                    advertised,
                     "--storage-engine",
                     "memory://tansu/",
                     *self.extra_args,

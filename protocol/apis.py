@@ -17,6 +17,7 @@ class ApiKey(IntEnum):
     FIND_COORDINATOR = 10
     SASL_HANDSHAKE = 17
     API_VERSIONS = 18
+    SASL_AUTHENTICATE = 36
     DESCRIBE_QUORUM = 55
     DESCRIBE_CLUSTER = 60
     SHARE_FETCH = 78
@@ -81,6 +82,9 @@ ADDRESS_BEARING: dict[int, int] = {
 # - SaslHandshake v0 is followed by raw, header-less SASL tokens the proxy cannot frame: v1+.
 _MAX_CAPS: dict[int, int] = {ApiKey.DESCRIBE_QUORUM: 1}
 _MIN_CAPS: dict[int, int] = {ApiKey.SASL_HANDSHAKE: 1}
+# Read by the proxy (SASL inspection: the mechanism, the client's identity, the broker's
+# verdict): capped at the highest version kio decodes.
+DECODED: frozenset[int] = frozenset({ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 
 
 def needs_response_rewrite(api_key: int, api_version: int) -> bool:
@@ -105,6 +109,8 @@ def offered_range(api_key: int, broker_min: int, broker_max: int) -> tuple[int, 
         hi = min(hi, entry[2])
         if ADDRESS_BEARING[api_key] < entry[1]:  # versions below kio's would need rewriting
             lo = max(lo, entry[1])
+    elif api_key in DECODED:
+        hi = min(hi, entry[2])
     if api_key in _MAX_CAPS:
         hi = min(hi, _MAX_CAPS[api_key])
     if api_key in _MIN_CAPS:
@@ -126,5 +132,7 @@ def accepts_request_version(api_key: int, api_version: int) -> bool:
     ):
         return False
     if api_key in _MAX_CAPS and api_version > _MAX_CAPS[api_key]:
+        return False
+    if api_key in DECODED and api_version > API_TABLE[api_key][2]:
         return False
     return not (api_key in _MIN_CAPS and api_version < _MIN_CAPS[api_key])

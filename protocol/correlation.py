@@ -23,6 +23,7 @@ class InFlight:
         "capture_row",
         "client_id",
         "correlation_id",
+        "exempt",
         "expects_response",
         "follower",
         "forwarded_at",
@@ -56,6 +57,9 @@ class InFlight:
         self.throttle_ms = 0  # set by the I/O layer when a quota throttles this request
         self.throttled_by: Any = None  # ... and which (the quota type)
         self.follower = False  # a Fetch from a replica (replica_id >= 0), not a consumer
+        # handled by the broker's authenticator, not its request handler (the SASL exchange):
+        # never recorded in a quota, never captured
+        self.exempt = False
         self.forwarded_at: float = 0.0  # when the request was forwarded (perf_counter seconds)
         # what the request holds of a quota budget until its response starts (pipelining)
         self.quota_reservation: Any = None

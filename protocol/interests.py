@@ -22,10 +22,10 @@ class Interest(IntFlag):
     """What a feature needs of the frames of one (api_key, api_version)."""
 
     NONE = 0
-    CONSUMER_REQUEST_FRAME = 1  # a copy of the whole request frame, consumers' requests only
+    REQUEST_FRAME = 1  # a copy of the whole request frame (never of a follower broker's Fetch)
     PRODUCE_PARTITIONS = 2  # Produce requests walked as they pass: bytes per partition
     FETCH_PARTITIONS = 4  # Fetch responses walked as they pass: bytes per partition
-    RESPONSE_FRAME = 8  # every response held whole and handed to the rewriter
+    RESPONSE_FRAME = 8  # every response held whole: the filters' response_frame, then the rewriter
     RESPONSE_TAIL = 16  # responses streamed, their top-level tagged fields handed to the rewriter
 
 
@@ -37,13 +37,13 @@ class InterestTable:
     per listener; what the streams ask per frame is answered from plain sets and booleans (the
     enum's operators are Python-level code, too slow for the hot path)."""
 
-    __slots__ = ("_consumer_frames", "fetch_partitions", "produce_partitions",
-                 "response_frames", "response_tails", "wants_consumer_frames")
+    __slots__ = ("_request_frames", "fetch_partitions", "produce_partitions",
+                 "response_frames", "response_tails", "wants_request_frames")
 
     def __init__(self, declarations: Iterable[Declaration]) -> None:
         declared = list(declarations)
         wanted = Interest.NONE
-        consumer_frames: set[tuple[int, int]] = set()
+        request_frames: set[tuple[int, int]] = set()
         frames: set[tuple[int, int]] = set()
         tails: set[tuple[int, int]] = set()
         for api_key, (_, _, top, _, _) in API_TABLE.items():
@@ -52,23 +52,23 @@ class InterestTable:
                 for declare in declared:
                     interest |= declare(api_key, version)
                 wanted |= interest
-                if interest & Interest.CONSUMER_REQUEST_FRAME:
-                    consumer_frames.add((api_key, version))
+                if interest & Interest.REQUEST_FRAME:
+                    request_frames.add((api_key, version))
                 if interest & Interest.RESPONSE_FRAME:
                     frames.add((api_key, version))
                 elif interest & Interest.RESPONSE_TAIL:  # a whole frame includes its tail
                     tails.add((api_key, version))
-        self._consumer_frames = frozenset(consumer_frames)
+        self._request_frames = frozenset(request_frames)
         # (api_key, api_version) pairs; the response stream tests membership per response
         self.response_frames = frozenset(frames)
         self.response_tails = frozenset(tails)
-        self.wants_consumer_frames = bool(consumer_frames)
+        self.wants_request_frames = bool(request_frames)
         self.produce_partitions = bool(wanted & Interest.PRODUCE_PARTITIONS)
         self.fetch_partitions = bool(wanted & Interest.FETCH_PARTITIONS)
 
-    def consumer_frame(self, api_key: int, api_version: int) -> bool:
-        """Whether a consumer's request of this API and version is wanted whole."""
-        return (api_key, api_version) in self._consumer_frames
+    def request_frame(self, api_key: int, api_version: int) -> bool:
+        """Whether a client's request of this API and version is wanted whole."""
+        return (api_key, api_version) in self._request_frames
 
 
 def addresses(api_key: int, api_version: int) -> Interest:

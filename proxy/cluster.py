@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import io
+import secrets
+import ssl
 from typing import Any
 
 from kio.index import load_request_schema
@@ -17,8 +19,19 @@ from protocol.apis import ApiKey
 from protocol.headers import encode_request_header, parse_response_header
 from protocol.primitives import INT16, INT32
 from protocol.rewrite import decode_response
+from protocol.sasl_frames import SASL_AUTHENTICATE, SASL_HANDSHAKE
+from security.scram import ScramClient
 
 CLIENT_ID = "kafka-quota-proxy"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OwnIdentity:
+    """The proxy's own SASL identity toward the brokers (``upstream.sasl``)."""
+
+    mechanism: str
+    username: str
+    password: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -66,11 +79,41 @@ def _max_version(body: bytes, api_key: int) -> int:
     return -1
 
 
-async def fetch_brokers(host: str, port: int, timeout: float) -> list[BrokerInfo]:
+async def authenticate(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                       identity: OwnIdentity) -> None:
+    """SASL (KIP-152: SaslHandshake v1, SaslAuthenticate v1) as the proxy itself."""
+    body = await _roundtrip(reader, writer, SASL_HANDSHAKE, 1, 101, mechanism=identity.mechanism)
+    if INT16.unpack_from(body, 0)[0] != 0:
+        raise ConnectionError(f"the broker refuses SASL mechanism {identity.mechanism}")
+
+    async def send(token: bytes, correlation_id: int) -> bytes:
+        body = await _roundtrip(reader, writer, SASL_AUTHENTICATE, 1, correlation_id,
+                                auth_bytes=token)
+        result = decode_response(SASL_AUTHENTICATE, 1, body)
+        if int(result.error_code):
+            raise ConnectionError(f"SASL authentication as {identity.username} failed: "
+                                  f"{result.error_message}")
+        return bytes(result.auth_bytes)
+
+    if identity.mechanism == "PLAIN":
+        await send(b"\0" + identity.username.encode() + b"\0" + identity.password.encode(), 102)
+        return
+    scram = ScramClient(identity.mechanism, identity.username, identity.password,
+                        secrets.token_urlsafe(18))
+    server_first = await send(scram.first(), 102)
+    scram.verify(await send(scram.final(server_first), 103))
+
+
+async def fetch_brokers(host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None,
+                        identity: OwnIdentity | None = None) -> list[BrokerInfo]:
     """Ask one broker for the cluster's brokers."""
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_connection(host, port, ssl=tls,
+                                server_hostname=host if tls is not None else None), timeout)
     try:
         async with asyncio.timeout(timeout):
+            if identity is not None:
+                await authenticate(reader, writer, identity)
             versions = await _roundtrip(reader, writer, ApiKey.API_VERSIONS, 0, 1)
             if INT16.unpack_from(versions, 0)[0] != 0:
                 raise ConnectionError("ApiVersions failed")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -28,10 +29,12 @@ from protocol.response_stream import Forward, ResponseStarted, ResponseStream
 from protocol.rewrite import throttle_field
 from proxy.clock import now_ms
 from proxy.context import ConnectionContext
-from proxy.filters.base import Client, FilterChain
+from proxy.filters.base import Client, Filter, FilterChain
 from proxy.flow import ReadGate
 from proxy.logs import get_logger
 from quota.entities import ANONYMOUS
+from security.principal_mapping import NoMatchingRule
+from security.x500 import subject_principal
 
 log = get_logger("kafka_quota_proxy.connection")
 
@@ -39,6 +42,8 @@ _ids = itertools.count(1)
 _FETCH = int(ApiKey.FETCH)
 _now = time.perf_counter
 _clock = time.monotonic
+# The first bytes of a TLS ClientHello (a record of type handshake, TLS 1.0-1.3)
+_TLS_HELLO = frozenset(bytes((0x16, 3, minor)) for minor in range(5))
 FINISH_LINGER_S = 1.0  # draining: how long to wait for the client to close after our FIN
 CLOSE_LINGER_S = 10.0  # how long a closed connection's unsent bytes wait for a slow client
 
@@ -47,11 +52,15 @@ class ProxiedConnection(asyncio.Protocol):
     """The client-facing protocol; owns the upstream side and the sans-IO state."""
 
     def __init__(self, ctx: ConnectionContext,
-                 resolve_upstream: Callable[[], list[tuple[str, int]]]) -> None:
+                 resolve_upstream: Callable[[], list[tuple[str, int]]],
+                 peer: tuple[str, int] | None = None) -> None:
         self.ctx = ctx
         self.id = next(_ids)
-        # The authenticated principal is ANONYMOUS until the proxy authenticates clients.
+        # ANONYMOUS until an mTLS certificate or a SASL exchange names the principal
         self.client = Client(self.id, ctx.listener, ctx.scope, ANONYMOUS)
+        if peer is not None:  # the client's address as a PROXY protocol header gave it
+            self.client.peer = f"{peer[0]}:{peer[1]}"
+            self.client.peer_ip = peer[0]
         self.listener = ctx.listener
         self._muted_until = 0.0
         self._unmute: asyncio.TimerHandle | None = None
@@ -60,18 +69,18 @@ class ProxiedConnection(asyncio.Protocol):
         net = ctx.network
         interests = ctx.interests
 
-        def consumer_frame(e: InFlight) -> bool:
-            """Requests read whole on their way upstream (consumer fetches to route)."""
-            return not e.follower and interests.consumer_frame(e.api_key, e.api_version)
+        def request_frame(e: InFlight) -> bool:
+            """Requests read whole on their way upstream (consumer fetches to route, SASL)."""
+            return not e.follower and interests.request_frame(e.api_key, e.api_version)
 
         self.requests = RequestStream(
             self.table, net.max_frame_bytes,
-            consumer_frame if interests.wants_consumer_frames else None,
+            request_frame if interests.wants_request_frames else None,
             measure_produce=interests.produce_partitions)
         self.chain = FilterChain([make(self) for make in ctx.filters])
         self.responses = ResponseStream(
             self.table,
-            ctx.rewriter,
+            self._response_frame if self.chain.response_frame else ctx.rewriter,
             net.max_frame_bytes,
             ctx.rewriter.rewrite_tail,
             interests,
@@ -104,25 +113,46 @@ class ProxiedConnection(asyncio.Protocol):
             return
         self.transport = transport
         peer = transport.get_extra_info("peername")
-        self.client.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        self.client.peer_ip = peer[0] if peer else None
+        if self.client.peer == "?":  # (else given by a PROXY protocol header)
+            self.client.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+            self.client.peer_ip = peer[0] if peer else None
+        self.ctx.host.connection_opened(self)
+        if self.closed:  # (draining)
+            return
+        mapper = self.ctx.principal_mapper
+        if mapper is not None:  # TLS (handshake done): the client certificate's principal
+            sslobj = transport.get_extra_info("ssl_object")
+            der = sslobj.getpeercert(binary_form=True) if sslobj is not None else None
+            try:
+                principal = subject_principal(der, mapper)
+            except NoMatchingRule as exc:  # Kafka fails the authentication
+                self.close("principal_mapping_failed", side="client", detail=str(exc))
+                return
+            if principal is not None:
+                self.client.user = principal
+        self._ready(transport)
+
+    def _ready(self, transport: asyncio.Transport) -> None:
+        """The client can be read: connect upstream (reading waits for it)."""
         net = self.ctx.network
         transport.set_write_buffer_limits(net.write_buffer_high_bytes, net.write_buffer_low_bytes)
         self.client_gate.attach(transport)
         self.client_gate.pause("connecting")
-        self.ctx.host.connection_opened(self)
         self._connect_task = asyncio.get_running_loop().create_task(self._connect_upstream())
 
     async def _connect_upstream(self) -> None:
         loop = asyncio.get_running_loop()
         errors = []
         timeout = self.ctx.connect_timeout_seconds
+        upstream_tls = self.ctx.upstream_tls
         for host, port in self._resolve_upstream():
             try:
                 transport, side = await asyncio.wait_for(
-                    loop.create_connection(lambda: UpstreamSide(self), host, port), timeout
-                )
-            except (OSError, TimeoutError) as exc:
+                    loop.create_connection(
+                        lambda: UpstreamSide(self), host, port, ssl=upstream_tls,
+                        server_hostname=host if upstream_tls is not None else None),
+                    timeout)
+            except (OSError, TimeoutError, ssl.SSLError) as exc:
                 errors.append(f"{host}:{port}: {exc or type(exc).__name__}")
                 continue
             if self.closed:
@@ -193,7 +223,10 @@ class ProxiedConnection(asyncio.Protocol):
                 forward, events = self.requests.feed(data, stop_after_frame=limited,
                                                      max_frames=max(room, 1))
             except ProtocolError as exc:
-                self.close(exc.reason, detail=str(exc), side="client")
+                reason = exc.reason
+                if data[:3] in _TLS_HELLO and self.client.client_id is None:  # first bytes
+                    reason = "tls_on_plaintext_listener"
+                self.close(reason, detail=str(exc), side="client")
                 return
             if self.requests.mid_frame:
                 if events or not was_mid:
@@ -249,12 +282,25 @@ class ProxiedConnection(asyncio.Protocol):
                 c[2] += 1
                 for hook in request_hooks:
                     hook(entry)
+            if self.closed:  # a filter refused the request: nothing more goes upstream
+                return
         if forward:
             upstream = self.upstream
             if upstream is None:  # bytes may arrive before pausing takes hold
                 self._early.append(bytes(forward))
             else:
                 upstream.transport.write(forward)  # type: ignore[union-attr]
+
+    def retire(self, f: Filter, hooks: tuple[str, ...]) -> None:
+        self.chain.retire(f, hooks)
+
+    def _response_frame(self, entry: InFlight, frame: Buffer) -> bytes | None:
+        """A response held whole: the filters see it if they asked for it, then the
+        rewriter."""
+        if (entry.api_key, entry.api_version) in self.ctx.filter_response_frames:
+            for hook in self.chain.response_frame:
+                hook(entry, frame)
+        return self.ctx.rewriter(entry, frame)
 
     def _request_frame(self, entry: InFlight, frame: bytes, patchable: bool) -> bytes | None:
         for hook in self.chain.request_frame:
@@ -334,6 +380,8 @@ class ProxiedConnection(asyncio.Protocol):
                     responses.rewrite_whole()
                 event = responses.next_event()
             segments, done = cast(Forward, event)
+            if self.closed:  # a filter closed the connection (identities)
+                return
         except ProtocolError as exc:
             self.close(exc.reason, detail=str(exc), side="upstream")
             return

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -11,6 +12,8 @@ from protocol.interests import InterestTable
 from proxy.brokers import ListeningRewriter
 from proxy.filters.base import FilterFactory
 from proxy.metrics import ProxyStats
+from proxy.tls import ServerTls
+from security.principal_mapping import PrincipalMapper
 
 
 class ConnectionHost(Protocol):
@@ -41,3 +44,9 @@ class ConnectionContext:
     rewriter: ListeningRewriter  # the response rewriter, listening on new brokers' ports
     interests: InterestTable  # of the filters below
     filters: tuple[FilterFactory, ...]  # one filter of each, per connection, in chain order
+    # the (api_key, api_version) responses the filters (not the address rewriter) hold whole
+    filter_response_frames: frozenset[tuple[int, int]] = frozenset()
+    tls: ServerTls | None = None  # TLS toward clients
+    # an mTLS client's principal from its certificate (SSL listeners; SASL ones read SASL)
+    principal_mapper: PrincipalMapper | None = None
+    upstream_tls: ssl.SSLContext | None = None  # TLS toward the brokers

@@ -17,7 +17,9 @@ import os
 import resource
 import signal
 import socket
+import ssl
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -27,21 +29,25 @@ from config.schema import ProxyConfig
 from protocol.addresses import Broker, BrokerAddresses
 from protocol.interests import InterestTable, addresses
 from protocol.rewrite import ResponseRewriter
+from proxy.accept import SecuredServer
 from proxy.brokers import ListeningRewriter
 from proxy.capture_writer import Capture
 from proxy.clock import now_ms
-from proxy.cluster import fetch_brokers
+from proxy.cluster import OwnIdentity, fetch_brokers
 from proxy.connection import ProxiedConnection
 from proxy.context import ConnectionContext
 from proxy.filters.base import Filter, FilterFactory
 from proxy.filters.capture import CaptureFilter
 from proxy.filters.fetch_routing import FetchRouting, FetchRoutingFilter
+from proxy.filters.identity import SaslInspection, SaslSettings
 from proxy.filters.quotas import QuotaFilter
 from proxy.filters.storage import StorageFilter
 from proxy.logs import get_logger
 from proxy.metrics import EntityRow, ProxyStats, make_registry, serve_metrics
 from proxy.storage_watch import StorageWatch
+from proxy.tls import ServerTls, TlsFileError, client_context
 from quota.enforcer import BOOTSTRAP_SCOPE, QuotaEnforcer
+from security.sasl import Jwks
 
 log = get_logger("kafka_quota_proxy.server")
 
@@ -74,6 +80,22 @@ def raise_fd_limit(ceiling: int = 1 << 20) -> tuple[int, int]:
     return soft, fd_limit()
 
 
+def _listen_socket(host: str, port: int) -> socket.socket:
+    """A listening socket, bound now (synchronously: a client told about the port can connect
+    at once, early connections waiting in the listen backlog)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 class Proxy:
     def __init__(self, config: ProxyConfig, config_path: str | None = None) -> None:
         self.config = config
@@ -98,7 +120,7 @@ class Proxy:
             c.transport.get_write_buffer_size() for c in self.connections if c.transport
         )
         self.connections: set[ProxiedConnection] = set()
-        self.servers: dict[str, asyncio.AbstractServer] = {}
+        self.servers: dict[str, asyncio.AbstractServer | SecuredServer] = {}
         self.fd_limit = fd_limit()
         self.max_connections = config.network.max_connections or max(
             (self.fd_limit - FD_RESERVE) // 2, 1)
@@ -123,6 +145,11 @@ class Proxy:
                                         lambda: self.live_brokers)
             self.stats.feature_families.append(self.storage.metric_families)
         self._contexts: dict[str, ConnectionContext] = {}  # per listener, made at first use
+        self.security = config.listeners.security
+        self.tls: ServerTls | None = None  # made at start (files are read then)
+        self.upstream_tls: ssl.SSLContext | None = None
+        self.sasl: SaslSettings | None = None
+        self.own_identity: OwnIdentity | None = None  # toward brokers requiring SASL
 
     # ------------------------------------------------------------------ connections' context
     def _context(self, listener: str, scope: int) -> ConnectionContext:
@@ -134,8 +161,10 @@ class Proxy:
         return ctx
 
     def _make_context(self, listener: str, scope: int) -> ConnectionContext:
-        made: list[tuple[type[Filter], FilterFactory]] = [
-            (QuotaFilter, partial(QuotaFilter, quotas=self.quotas, stats=self.stats))]
+        made: list[tuple[type[Filter], FilterFactory]] = []
+        if self.sasl is not None:
+            made.append((SaslInspection, partial(SaslInspection, settings=self.sasl)))
+        made.append((QuotaFilter, partial(QuotaFilter, quotas=self.quotas, stats=self.stats)))
         if self.storage is not None:
             made.append((StorageFilter, partial(StorageFilter, storage=self.storage)))
         if self.routing.enabled and scope != BOOTSTRAP_SCOPE:
@@ -148,21 +177,75 @@ class Proxy:
             connect_timeout_seconds=self.config.upstream.connect_timeout_seconds,
             stats=self.stats, rewriter=self.listening,
             interests=InterestTable([addresses, *(cls.interests for cls, _ in made)]),
-            filters=tuple(make for _, make in made))
+            filters=tuple(make for _, make in made),
+            filter_response_frames=InterestTable(cls.interests for cls, _ in made
+                                                 ).response_frames,
+            tls=self.tls,
+            principal_mapper=(self.security.principal_mapper()
+                              if self.tls is not None and not self.security.uses_sasl else None),
+            upstream_tls=self.upstream_tls)
 
     # ------------------------------------------------------------------ startup
+    def _load_security(self) -> None:
+        """TLS contexts and SASL settings, from their files (a file that cannot be used stops
+        the start, naming its field)."""
+        security = self.security
+        try:
+            if security.tls is not None:
+                self.tls = ServerTls(security.tls, self._tls_reloaded)
+            upstream = self.config.upstream.tls
+            if upstream is not None:
+                self.upstream_tls = client_context(upstream)
+                if not upstream.check_hostname:
+                    log.warning("upstream_hostname_not_verified",
+                                detail="upstream.tls.check_hostname is false: any certificate "
+                                "from the configured CAs is accepted for every broker")
+        except TlsFileError as exc:
+            raise StartupError(str(exc)) from None
+        own = self.config.upstream.sasl
+        if own is not None:
+            try:
+                with open(own.password_file) as f:
+                    password = f.read().rstrip("\r\n")
+            except OSError as exc:
+                raise StartupError(f"upstream.sasl.password_file {own.password_file}: "
+                                   f"{exc.strerror or exc}") from None
+            self.own_identity = OwnIdentity(own.mechanism, own.username, password)
+        if security.uses_sasl:
+            sasl = security.sasl
+            jwks = None
+            if sasl.oauthbearer_jwks_file is not None:
+                try:
+                    with open(sasl.oauthbearer_jwks_file) as f:
+                        jwks = Jwks.from_json(f.read())
+                except (OSError, ValueError) as exc:
+                    raise StartupError(f"listeners.security.sasl.oauthbearer_jwks_file "
+                                       f"{sasl.oauthbearer_jwks_file}: {exc}") from None
+            self.sasl = SaslSettings(sasl.fallback_principal, sasl.oauthbearer_principal_claim,
+                                     jwks)
+        self._contexts.clear()
+
+    def _tls_reloaded(self, result: str) -> None:
+        self.stats.tls_reloads[result] += 1
+
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         listen = self.config.listeners.bootstrap
+        self._load_security()
         try:
-            self.servers[BOOTSTRAP] = await loop.create_server(
-                lambda: ProxiedConnection(self._context(BOOTSTRAP, BOOTSTRAP_SCOPE),
-                                          self._bootstrap_targets),
-                listen.host,
-                listen.port,
-                reuse_address=True,
-                backlog=1024,
-            )
+            if not self._secured:
+                self.servers[BOOTSTRAP] = await loop.create_server(
+                    lambda: ProxiedConnection(self._context(BOOTSTRAP, BOOTSTRAP_SCOPE),
+                                              self._bootstrap_targets),
+                    listen.host,
+                    listen.port,
+                    reuse_address=True,
+                    backlog=1024,
+                )
+            else:
+                self.servers[BOOTSTRAP] = self._secured_server(
+                    BOOTSTRAP, _listen_socket(listen.host, listen.port),
+                    self._context(BOOTSTRAP, BOOTSTRAP_SCOPE), self._bootstrap_targets)
         except OSError as exc:
             raise StartupError(
                 f"cannot listen on listeners.bootstrap {listen}: {exc.strerror or exc}"
@@ -195,6 +278,8 @@ class Proxy:
         self._spawn(self._expire_loop())
         self._spawn(self._sweep())
         self._spawn(self._watch_loop_lag())
+        if self.tls is not None:
+            self._spawn(self.tls.watch())
         if self.storage is not None:
             self._spawn(self.storage.run())
         if self.config_path is not None and self.config.quotas.watch_seconds > 0:
@@ -221,17 +306,7 @@ class Proxy:
     def _bind_broker(self, broker: Broker) -> None:
         """Bind the broker's proxy port now (synchronously, so a client told about it can
         connect at once: early connections wait in the listen backlog) and serve it."""
-        host = self.config.listeners.broker_host
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, broker.proxy_port))
-            sock.listen(1024)
-            sock.setblocking(False)
-        except OSError:
-            sock.close()
-            raise
+        sock = _listen_socket(self.config.listeners.broker_host, broker.proxy_port)
         name = f"broker-{broker.node_id}"
         node_id = broker.node_id
 
@@ -241,6 +316,10 @@ class Proxy:
 
         ctx = self._context(name, node_id)
 
+        if self._secured:
+            self.servers[name] = self._secured_server(name, sock, ctx, targets)
+            return
+
         async def serve() -> None:
             loop = asyncio.get_running_loop()
             self.servers[name] = await loop.create_server(
@@ -249,12 +328,31 @@ class Proxy:
 
         self._spawn(serve())
 
+    @property
+    def _secured(self) -> bool:
+        """Connections begin with a PROXY header or a TLS handshake (``SecuredServer``)."""
+        return self.tls is not None or self.security.proxy_protocol != "none"
+
+    def _secured_server(self, name: str, sock: socket.socket, ctx: ConnectionContext,
+                        targets: Callable[[], list[tuple[str, int]]]) -> SecuredServer:
+        def refused(reason: str) -> None:
+            self.stats.closed[reason] += 1
+
+        proxy_protocol = self.security.proxy_protocol
+        return SecuredServer(
+            sock, None if proxy_protocol == "none" else proxy_protocol,
+            self.tls.front if self.tls is not None else None,
+            lambda source: ProxiedConnection(ctx, targets, source),
+            self.config.network.request_header_timeout_seconds, refused, name)
+
     async def refresh_brokers(self) -> bool:
         timeout = self.config.upstream.connect_timeout_seconds
         for target in self._bootstrap_targets():
             try:
-                brokers = await fetch_brokers(target[0], target[1], timeout)
-            except (OSError, TimeoutError, asyncio.IncompleteReadError, ConnectionError) as exc:
+                brokers = await fetch_brokers(target[0], target[1], timeout, self.upstream_tls,
+                                              self.own_identity)
+            except (OSError, TimeoutError, asyncio.IncompleteReadError, ConnectionError,
+                    ValueError) as exc:
                 log.debug(
                     "metadata_refresh_failed", upstream=f"{target[0]}:{target[1]}", error=repr(exc)
                 )

@@ -1,7 +1,7 @@
 """What a request-path filter is, and the chain a connection resolves once.
 
-A filter is one feature on one connection (quotas, storage throttling, capture, fetch routing;
-identities next). It defines the hooks it needs; the connection calls each defined hook, filter
+A filter is one feature on one connection (identities, quotas, storage throttling, capture,
+fetch routing). It defines the hooks it needs; the connection calls each defined hook, filter
 by filter in chain order, at fixed points of a request's life:
 
 ==========================  ================================================================
@@ -12,6 +12,8 @@ frame, patchable)``         (``interests``): may return a replacement of the sam
 ``request_measured(entry)`` a Produce frame walked as it passed has ended (``partitions`` set)
 ``response(entry, now_ms,   a response started (``response_size`` known), before any of its
 elapsed_ms)``               bytes go to the client; may ``propose_throttle``
+``response_frame(entry,     the whole frame of a response the filter declared an interest in
+frame)``                    (``RESPONSE_FRAME``), before it is rewritten and sent
 ``response_done(entry)``    a response has gone to the client whole
 ``upstream_connected(ok)``  the broker connection was made (or every address failed)
 ``closed(reason)``          the connection closed (the table still holds what was in flight)
@@ -69,6 +71,12 @@ class FilterHost(Protocol):
     def mute(self, throttle_ms: int) -> None:
         """KIP-219: read nothing more from the client until ``throttle_ms`` has passed."""
 
+    def close(self, reason: str, *, detail: str | None = None, side: str | None = None) -> None:
+        """Close the connection, logged with ``reason`` (nothing more is forwarded)."""
+
+    def retire(self, f: Filter, hooks: tuple[str, ...]) -> None:
+        """``f`` needs these hooks no more on this connection (``FilterChain.retire``)."""
+
 
 def propose_throttle(entry: InFlight, throttle_ms: int, by: Any) -> None:
     """A filter's throttle for this response: the largest proposed wins (the first of equals)."""
@@ -96,6 +104,9 @@ class Filter:
         pass
 
     def response(self, entry: InFlight, now_ms: int, elapsed_ms: float) -> None:
+        pass
+
+    def response_frame(self, entry: InFlight, frame: bytes | memoryview) -> None:
         pass
 
     def response_done(self, entry: InFlight) -> None:
@@ -128,11 +139,21 @@ class FilterChain:
     of the filters that define it (in chain order)."""
 
     __slots__ = ("closed", "filters", "headroom", "hold", "request", "request_frame",
-                 "request_measured", "response", "response_done", "serial",
+                 "request_measured", "response", "response_done", "response_frame", "serial",
                  "upstream_connected")
 
     def __init__(self, filters: list[Filter]) -> None:
         self.filters = tuple(filters)
+        self._resolve(filters)
+
+    def retire(self, f: Filter, hooks: tuple[str, ...]) -> None:
+        """Stop calling ``f``'s ``hooks`` (a filter whose work on the per-request path is done:
+        identities once the client has authenticated)."""
+        for hook in hooks:
+            bound = getattr(f, hook)
+            setattr(self, hook, tuple(h for h in getattr(self, hook) if h != bound))
+
+    def _resolve(self, filters: list[Filter]) -> None:
         self.request: tuple[Callable[[InFlight], None], ...] = _defined(filters, "request")
         self.request_frame: tuple[Callable[[InFlight, bytes, bool], bytes | None], ...] = (
             _defined(filters, "request_frame"))
@@ -140,6 +161,8 @@ class FilterChain:
             filters, "request_measured")
         self.response: tuple[Callable[[InFlight, int, float], None], ...] = _defined(
             filters, "response")
+        self.response_frame: tuple[Callable[[InFlight, bytes | memoryview], None], ...] = (
+            _defined(filters, "response_frame"))
         self.response_done: tuple[Callable[[InFlight], None], ...] = _defined(
             filters, "response_done")
         self.upstream_connected: tuple[Callable[[bool], None], ...] = _defined(

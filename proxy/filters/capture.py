@@ -53,7 +53,8 @@ class CaptureFilter(Filter):
             self._complete(entry)
 
     def response(self, entry: InFlight, now_ms: int, elapsed_ms: float) -> None:
-        self._row(entry, now_ms, elapsed_ms)
+        if not entry.exempt:  # (the SASL exchange is never recorded: nothing to replay)
+            self._row(entry, now_ms, elapsed_ms)
 
     def response_done(self, entry: InFlight) -> None:
         if entry.api_key == _FETCH and entry.capture_row is not None:

@@ -237,7 +237,7 @@ class FetchRoutingFilter(Filter):
     @staticmethod
     def interests(api_key: int, api_version: int) -> Interest:
         if api_key == _FETCH and api_version >= FIRST_VERSION:
-            return Interest.CONSUMER_REQUEST_FRAME
+            return Interest.REQUEST_FRAME
         return Interest.NONE
 
     def request_frame(self, entry: InFlight, frame: bytes, patchable: bool) -> bytes | None:

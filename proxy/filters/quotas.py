@@ -34,7 +34,7 @@ class QuotaFilter(Filter):
         self.client = host.client
         self.quotas = quotas
         self.stats = stats
-        self._limits_key: tuple[int, int, str | None] = (-1, -1, None)
+        self._limits_key: tuple[int, int, str | None, str] = (-1, -1, None, "")
         self._limits: frozenset[QuotaType] = _NO_LIMITS
         self._fetching = 0  # consumer Fetch requests awaiting their response
 
@@ -47,8 +47,8 @@ class QuotaFilter(Filter):
         if not quotas.active or client_id is None:
             self._limits = _NO_LIMITS
             return _NO_LIMITS
-        key = (quotas.generation, quotas.storage_epoch, client_id)
-        if key != self._limits_key:
+        key = (quotas.generation, quotas.storage_epoch, client_id, self.client.user)
+        if key != self._limits_key:  # (the user changes when a client authenticates)
             self._limits_key = key
             self._limits = quotas.limits(self.client.user, client_id)
         return self._limits
@@ -132,7 +132,7 @@ class QuotaFilter(Filter):
         if entry.quota_reservation is not None:
             self._release(entry)
         quotas = self.quotas
-        if not quotas.active:
+        if not quotas.active or entry.exempt:  # (Kafka's authenticator records nothing)
             return
         client = self.client
         request_on = quotas.enabled(QuotaType.REQUEST)

@@ -53,6 +53,8 @@ class ProxyProcess:
     upstream: str
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="kqp-")))
     extra_yaml: str = ""
+    listeners_yaml: str = ""  # more keys of ``listeners`` (indented two spaces)
+    upstream_yaml: str = ""  # more keys of ``upstream`` (indented two spaces)
     bootstrap_port: int = 0
     metrics_port: int = 0
     ports: tuple[int, int] = (0, 0)
@@ -85,11 +87,11 @@ class ProxyProcess:
   bootstrap: "127.0.0.1:{self.bootstrap_port}"
   advertised_host: "127.0.0.1"
   broker_ports: "{self.ports[0]}-{self.ports[1]}"
-upstream:
+{self.listeners_yaml}upstream:
   bootstrap_servers: ["{self.upstream}"]
   connect_timeout_seconds: 5
   metadata_refresh_seconds: 2
-metrics:
+{self.upstream_yaml}metrics:
   listen: "127.0.0.1:{self.metrics_port}"
 logging:
   level: debug

@@ -36,7 +36,8 @@ def test_api_table_is_in_sync_with_installed_kio():
 def test_api_key_enum_values():
     assert {k.name: int(k) for k in ApiKey} == {
         "PRODUCE": 0, "FETCH": 1, "METADATA": 3, "FIND_COORDINATOR": 10, "SASL_HANDSHAKE": 17,
-        "API_VERSIONS": 18, "DESCRIBE_QUORUM": 55, "DESCRIBE_CLUSTER": 60, "SHARE_FETCH": 78,
+        "API_VERSIONS": 18, "SASL_AUTHENTICATE": 36, "DESCRIBE_QUORUM": 55, "DESCRIBE_CLUSTER": 60,
+        "SHARE_FETCH": 78,
         "SHARE_ACKNOWLEDGE": 79,
     }
     for k in ApiKey:
@@ -70,6 +71,7 @@ def test_is_known_and_api_name():
         (API_VERSIONS, (0, 99), (0, 99)),  # not capped: only its api_keys array is edited
         (SASL_HANDSHAKE, (0, 1), (1, 1)),
         (SASL_HANDSHAKE, (0, 0), None),
+        (36, (0, 3), (0, kio_max(36))),  # SaslAuthenticate: read by SASL inspection
         (DESCRIBE_QUORUM, (0, 2), (0, 1)),
         (DESCRIBE_QUORUM, (2, 2), None),
         (OFFSET_FETCH, (0, 99), (0, 99)),  # pass-through API: the broker's range

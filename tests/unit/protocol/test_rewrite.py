@@ -321,7 +321,8 @@ def test_unknown_top_level_tags_survive_node_endpoint_rewrite(api_key: int, vers
 
 # Independent statement of the proxy's version policy (see apis.offered_range).
 _KIO_CAPPED = {PRODUCE, FETCH, METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER, SHARE_FETCH,
-               SHARE_ACKNOWLEDGE}
+               SHARE_ACKNOWLEDGE,
+               SASL_HANDSHAKE, 36}  # SaslHandshake, SaslAuthenticate: read by SASL inspection
 
 
 def policy(api_key: int, lo: int, hi: int) -> tuple[int, int] | None:
