@@ -45,7 +45,13 @@ from proxy.filters.storage import StorageFilter
 from proxy.logs import get_logger
 from proxy.metrics import EntityRow, ProxyStats, make_registry, serve_metrics
 from proxy.storage_watch import StorageWatch
-from proxy.tls import ServerTls, TlsFileError, client_context
+from proxy.tls import (
+    ServerTls,
+    TlsFileError,
+    client_context,
+    kafka_client_options,
+    read_secret,
+)
 from quota.enforcer import BOOTSTRAP_SCOPE, QuotaEnforcer
 from security.sasl import Jwks
 
@@ -200,17 +206,14 @@ class Proxy:
                     log.warning("upstream_hostname_not_verified",
                                 detail="upstream.tls.check_hostname is false: any certificate "
                                 "from the configured CAs is accepted for every broker")
+            own = self.config.upstream.sasl
+            if own is not None:
+                password = read_secret(own.password_file, "upstream.sasl.password_file")
+                self.own_identity = OwnIdentity(own.mechanism, own.username, password)
+            if self.storage is not None:
+                self.storage.client_options = kafka_client_options(self.config.upstream)
         except TlsFileError as exc:
             raise StartupError(str(exc)) from None
-        own = self.config.upstream.sasl
-        if own is not None:
-            try:
-                with open(own.password_file) as f:
-                    password = f.read().rstrip("\r\n")
-            except OSError as exc:
-                raise StartupError(f"upstream.sasl.password_file {own.password_file}: "
-                                   f"{exc.strerror or exc}") from None
-            self.own_identity = OwnIdentity(own.mechanism, own.username, password)
         if security.uses_sasl:
             sasl = security.sasl
             jwks = None

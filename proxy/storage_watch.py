@@ -46,6 +46,8 @@ class StorageWatch:
         self.bootstrap = [str(b) for b in bootstrap]
         self.known_brokers = known_brokers
         self.clock = clock
+        # aiokafka's TLS and SASL options (``proxy.tls.kafka_client_options``), set at start
+        self.client_options: dict[str, Any] = {}
         self.pause_ms = config.pause_throttle_ms
         quotas.configure_storage(config.unquoted_producer_byte_rate,
                                  frozenset(config.exempt_users),
@@ -159,7 +161,7 @@ class StorageWatch:
         consumer = AIOKafkaConsumer(
             bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
             auto_offset_reset="earliest", client_id="kafka-quota-proxy-storage",
-            request_timeout_ms=10_000, metadata_max_age_ms=5_000)
+            request_timeout_ms=10_000, metadata_max_age_ms=5_000, **self.client_options)
         await consumer.start()
         try:
             topic = self.config.topic

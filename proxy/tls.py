@@ -13,7 +13,9 @@ import os
 import ssl
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from config.schema import UpstreamConfig
 from config.security import ClientTlsConfig, ServerTlsConfig
 from proxy.logs import get_logger
 
@@ -91,6 +93,32 @@ def client_context(cfg: ClientTlsConfig, prefix: str = "upstream.tls") -> ssl.SS
     ctx.check_hostname = cfg.check_hostname
     ctx.verify_mode = ssl.CERT_REQUIRED
     return ctx
+
+
+def read_secret(path: str, field: str) -> str:
+    """A password from its file (trailing newline dropped)."""
+    try:
+        return Path(path).read_text().rstrip("\r\n")
+    except OSError as exc:
+        raise TlsFileError(field, path, exc.strerror or str(exc)) from None
+
+
+def kafka_client_options(upstream: UpstreamConfig) -> dict[str, Any]:
+    """aiokafka's options for the proxy's own clients of the cluster (the volume-usage reader,
+    the volume agent): TLS and the proxy's SASL identity as ``upstream`` configures them."""
+    options: dict[str, Any] = {}
+    tls = upstream.tls
+    if tls is not None:
+        options["ssl_context"] = client_context(tls)
+    sasl = upstream.sasl
+    if sasl is not None:
+        options.update(sasl_mechanism=sasl.mechanism, sasl_plain_username=sasl.username,
+                       sasl_plain_password=read_secret(sasl.password_file,
+                                                       "upstream.sasl.password_file"))
+    if options:
+        options["security_protocol"] = (("SASL_SSL" if tls is not None else "SASL_PLAINTEXT")
+                                        if sasl is not None else "SSL")
+    return options
 
 
 def _signature(paths: list[str]) -> tuple[tuple[int, int] | None, ...]:

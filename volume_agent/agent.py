@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from config.schema import AgentFile, StorageConfig, VolumeAgentConfig, VolumeLimitsConfig
 from proxy.logs import get_logger
 from proxy.metrics import serve_metrics
+from proxy.tls import kafka_client_options
 from quota.storage import Snapshot, Volume
 
 log = get_logger("kafka_quota_proxy.volume_agent")
@@ -152,6 +153,9 @@ class VolumeAgent:
             assert file.upstream is not None  # AgentFile checks it
             servers = file.upstream.bootstrap_servers
         self.bootstrap = [str(s) for s in servers]
+        # TLS and SASL as ``upstream`` configures them for the proxy's own clients
+        self.client_options = (kafka_client_options(file.upstream)
+                               if file.upstream is not None else {})
         self.metrics = metrics or AgentMetrics()
         self.timeout = request_timeout(self.config.interval_seconds)
         self.connected = False
@@ -208,7 +212,7 @@ class VolumeAgent:
         await asyncio.wait_for(self._ensure_topic(), self.timeout + 1.0)
         producer = AIOKafkaProducer(
             bootstrap_servers=self.bootstrap, client_id=self.config.client_id, acks="all",
-            request_timeout_ms=int(self.timeout * 1000))
+            request_timeout_ms=int(self.timeout * 1000), **self.client_options)
         self._producer = producer
         await asyncio.wait_for(producer.start(), self.timeout + 1.0)
         return producer
@@ -226,7 +230,8 @@ class VolumeAgent:
         topic = self.storage.topic
         admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap,
                                     client_id=self.config.client_id,
-                                    request_timeout_ms=int(self.timeout * 1000))
+                                    request_timeout_ms=int(self.timeout * 1000),
+                                    **self.client_options)
         try:
             await admin.start()
             brokers = (await admin.describe_cluster()).get("brokers") or []

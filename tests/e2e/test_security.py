@@ -323,6 +323,16 @@ def test_sasl_ssl_plain_and_scram_three_clients(secured: Any) -> None:
     principals = set(_authenticated(s.proxy))
     assert principals == {"alice", "bob"}, principals
     assert set(s.front.authenticated) == {"alice", "bob"}
+    # OAUTHBEARER (librdkafka's unsecured token): the principal is the token's sub
+    oauth = {**_rdkafka(s, user="alice"), "sasl.mechanism": "OAUTHBEARER",
+             "enable.sasl.oauthbearer.unsecure.jwt": True,
+             "sasl.oauthbearer.config": "principal=bob"}
+    for key in ("sasl.username", "sasl.password"):
+        oauth.pop(key)
+    _rdkafka_roundtrip(oauth, topic, "rdoauth")
+    oauth_logins = [e for e in s.proxy.events() if e.get("event") == "client_authenticated"
+                    and e.get("mechanism") == "OAUTHBEARER"]
+    assert oauth_logins and {e["principal"] for e in oauth_logins} == {"bob"}
 
 
 def test_wrong_password_and_unauthenticated_requests_reach_no_budget(secured: Any) -> None:

@@ -185,9 +185,16 @@ class KafkaWire:
     """A tiny blocking Kafka client speaking raw frames, for probing the proxy."""
 
     def __init__(
-        self, host: str, port: int, client_id: str = "wire-probe", timeout: float = 10.0
+        self, host: str, port: int, client_id: str = "wire-probe", timeout: float = 10.0,
+        ssl_context: Any = None, preamble: bytes = b"",
     ) -> None:
+        """``preamble``: bytes sent first (a PROXY protocol header); ``ssl_context``: the
+        connection is TLS after it."""
         self.sock = socket.create_connection((host, port), timeout=timeout)
+        if preamble:
+            self.sock.sendall(preamble)
+        if ssl_context is not None:
+            self.sock = ssl_context.wrap_socket(self.sock, server_hostname=host)
         self.client_id = client_id
         self._correlation = 0
 

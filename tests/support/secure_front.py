@@ -7,8 +7,10 @@ proxy) makes to "the broker" goes through the front:
 
 - with ``tls``: the front terminates TLS (optionally requiring client certificates);
 - with ``users``: it answers SaslHandshake and SaslAuthenticate as a Kafka broker does (PLAIN,
-  SCRAM-SHA-256, SCRAM-SHA-512 against its own users; Kafka's error codes: 33 unsupported
-  mechanism, 34 illegal state, 58 authentication failed, then the connection closes), refuses
+  SCRAM-SHA-256, SCRAM-SHA-512 against its own users; OAUTHBEARER with unsecured tokens whose
+  ``sub`` is one of its users, as Kafka's OAuthBearerUnsecuredValidator; Kafka's error codes:
+  33 unsupported mechanism, 34 illegal state, 58 authentication failed, then the connection
+  closes), refuses
   any other request before authentication by closing the connection (Kafka's
   IllegalSaslStateException), sets ``session_lifetime_ms`` (KIP-368) when asked, and accepts
   re-authentication; everything else goes to tansu unchanged.
@@ -43,11 +45,11 @@ from protocol.sasl_frames import (
     encode_response,
     handshake_mechanism,
 )
-from security.sasl import SaslError, plain_identity
+from security.sasl import SaslError, jwt_claim, oauthbearer_token, plain_identity
 from security.scram import ScramServer, make_credential
 
 HOST = "127.0.0.1"
-MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 
 
 class SecureFront:
@@ -242,6 +244,12 @@ class _FrontConnection:
             password = auth.split(b"\0")[2].decode()
             if users.get(user) != password:
                 raise SaslError("authentication_failed", "wrong password")
+            self.user = user
+            return b"", True
+        if self.mechanism == "OAUTHBEARER":
+            user = jwt_claim(oauthbearer_token(auth), "sub")
+            if user not in users:
+                raise SaslError("invalid_token", f"unknown principal {user}")
             self.user = user
             return b"", True
         assert self.mechanism is not None
