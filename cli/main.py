@@ -183,6 +183,37 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(seconds=args.seconds, messages_per_second=args.rate)
 
 
+def _cmd_credentials_add(args: argparse.Namespace) -> int:
+    """Add or replace a user in a credentials file (salted SCRAM credentials only): the
+    password is read from standard input (its first line), never from the command line."""
+    import getpass
+    import os
+
+    from security.credentials import add_user
+
+    if sys.stdin.isatty():
+        password = getpass.getpass(f"password for {args.user}: ")
+    else:
+        password = sys.stdin.readline().rstrip("\r\n")
+    if not password:
+        print("no password given", file=sys.stderr)
+        return 2
+    path = Path(args.file)
+    try:
+        text = path.read_text() if path.exists() else ""
+        new = add_user(text, args.user, password, args.iterations)
+    except (OSError, ValueError) as exc:
+        print(f"{path}: {exc}", file=sys.stderr)
+        return 1
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(new)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)  # the proxy never reads a half-written file
+    print(f"{path}: {args.user} set (SCRAM-SHA-256, SCRAM-SHA-512, "
+          f"{args.iterations} iterations)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kafka-quota-proxy",
@@ -236,6 +267,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, metavar="FILE", help=config_help)
     p.add_argument("--events", required=True, metavar="FILE", help="JSON lines, or - for stdin")
     p.set_defaults(func=_cmd_quotas_simulate)
+
+    c = sub.add_parser("credentials", help="the users of a proxy that terminates SASL")
+    csub = c.add_subparsers(dest="credentials_command", required=True, metavar="COMMAND")
+    p = csub.add_parser("add", help="add or replace a user (password read from stdin)")
+    p.add_argument("--file", required=True, metavar="FILE",
+                   help="the credentials file (listeners.security.sasl.credentials_file)")
+    p.add_argument("--user", required=True)
+    p.add_argument("--iterations", type=int, default=8192,
+                   help="SCRAM iterations (at least 4096; default 8192)")
+    p.set_defaults(func=_cmd_credentials_add)
 
     p = sub.add_parser("replay", help="Spark jobs over a traffic capture: reproduce the "
                        "recorded throttles, replay under a config, profile, recommend quotas")

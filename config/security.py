@@ -73,23 +73,39 @@ class ClientTlsConfig(_Model):
 
 
 class SaslConfig(_Model):
-    """SASL on the client listeners (protocol ``SASL_PLAINTEXT``/``SASL_SSL``): the exchange
-    goes to the brokers and the proxy reads who authenticated (``inspect``)."""
+    """SASL on the client listeners (protocol ``SASL_PLAINTEXT``/``SASL_SSL``)."""
 
-    mode: Literal["inspect"] = Field(
+    mode: Literal["inspect", "terminate"] = Field(
         default="inspect", description="inspect: SaslHandshake and SaslAuthenticate go to the "
         "broker; the identity in the client's first message becomes the principal once the "
-        "broker answers success.")
+        "broker answers success. terminate: the proxy authenticates clients itself against "
+        "credentials_file and connects to the brokers as upstream.sasl (if set).")
     fallback_principal: str = Field(
         default="ANONYMOUS", min_length=1,
-        description="The principal of clients using a mechanism the proxy cannot read "
+        description="inspect: the principal of clients using a mechanism the proxy cannot read "
         "(GSSAPI, others).")
     oauthbearer_principal_claim: str = Field(
-        default="sub", min_length=1, description="The token claim naming the principal "
-        "(Kafka: sasl.oauthbearer.sub.claim.name).")
+        default="sub", min_length=1, description="inspect: the token claim naming the "
+        "principal (Kafka: sasl.oauthbearer.sub.claim.name).")
     oauthbearer_jwks_file: str | None = Field(
-        default=None, description="A JSON Web Key Set: OAUTHBEARER tokens are verified against "
-        "it (signature, exp, nbf); without it, the claim is read without verifying.")
+        default=None, description="inspect: a JSON Web Key Set: OAUTHBEARER tokens are "
+        "verified against it (signature, exp, nbf); without it, the claim is read without "
+        "verifying.")
+    mechanisms: list[Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]] = Field(
+        default=["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"], min_length=1,
+        description="terminate: the mechanisms the proxy offers.")
+    credentials_file: str | None = Field(
+        default=None, description="terminate: the users' salted SCRAM credentials (written by "
+        "`kafka-quota-proxy credentials add`; never passwords), reloaded when it changes.")
+    credentials_reload_seconds: float = Field(
+        default=10.0, ge=0, description="terminate: how often credentials_file is checked for "
+        "changes (0: never).")
+
+    @model_validator(mode="after")
+    def _terminate(self) -> SaslConfig:
+        if self.mode == "terminate" and self.credentials_file is None:
+            raise ValueError("mode terminate needs credentials_file")
+        return self
 
 
 class UpstreamSaslConfig(_Model):
@@ -137,6 +153,10 @@ class ListenerSecurity(_Model):
     @property
     def uses_sasl(self) -> bool:
         return self.protocol.startswith("SASL_")
+
+    @property
+    def terminates_sasl(self) -> bool:
+        return self.uses_sasl and self.sasl.mode == "terminate"
 
     def principal_mapper(self) -> PrincipalMapper:
         return PrincipalMapper.parse(self.ssl_principal_mapping_rules)

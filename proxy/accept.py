@@ -79,6 +79,14 @@ class SecuredServer:
         except TimeoutError:
             reason = "tls_handshake_failed" if self.tls is not None else "proxy_header_timeout"
             detail = f"not done within {self.timeout:g} s"
+        except (ConnectionResetError, BrokenPipeError, EOFError) as exc:
+            # gone before a byte of the exchange (a TCP health check): not worth a warning
+            log.debug("connection_closed", listener=self.listener,
+                      client=f"{addr[0]}:{addr[1]}", reason="client_closed",
+                      detail=str(exc) or type(exc).__name__)
+            self.refused("client_closed")
+            conn.close()
+            return
         except (OSError, ssl.SSLError, ConnectionError) as exc:  # the handshake failed
             reason = "tls_handshake_failed" if self.tls is not None else "client_error"
             detail = str(exc) or type(exc).__name__

@@ -28,6 +28,7 @@ from protocol.request_stream import RequestStream
 from protocol.response_stream import Forward, ResponseStarted, ResponseStream
 from protocol.rewrite import throttle_field
 from proxy.clock import now_ms
+from proxy.cluster import OwnIdentity, authenticate
 from proxy.context import ConnectionContext
 from proxy.filters.base import Client, Filter, FilterChain
 from proxy.flow import ReadGate
@@ -78,6 +79,10 @@ class ProxiedConnection(asyncio.Protocol):
             request_frame if interests.wants_request_frames else None,
             measure_produce=interests.produce_partitions)
         self.chain = FilterChain([make(self) for make in ctx.filters])
+        # SASL termination reads the client's bytes until the client has authenticated
+        self._interceptor: Any = next((f for f in self.chain.filters if f.intercepts), None)
+        if self._interceptor is not None:
+            self.data_received = self._intercepted  # type: ignore[method-assign]
         self.responses = ResponseStream(
             self.table,
             self._response_frame if self.chain.response_frame else ctx.rewriter,
@@ -145,14 +150,19 @@ class ProxiedConnection(asyncio.Protocol):
         errors = []
         timeout = self.ctx.connect_timeout_seconds
         upstream_tls = self.ctx.upstream_tls
+        identity = self.ctx.upstream_identity
         for host, port in self._resolve_upstream():
             try:
-                transport, side = await asyncio.wait_for(
-                    loop.create_connection(
-                        lambda: UpstreamSide(self), host, port, ssl=upstream_tls,
-                        server_hostname=host if upstream_tls is not None else None),
-                    timeout)
-            except (OSError, TimeoutError, ssl.SSLError) as exc:
+                if identity is None:
+                    transport, side = await asyncio.wait_for(
+                        loop.create_connection(
+                            lambda: UpstreamSide(self), host, port, ssl=upstream_tls,
+                            server_hostname=host if upstream_tls is not None else None),
+                        timeout)
+                else:
+                    transport, side = await asyncio.wait_for(
+                        self._authenticated_upstream(host, port, identity), timeout)
+            except (OSError, TimeoutError, ssl.SSLError, asyncio.IncompleteReadError) as exc:
                 errors.append(f"{host}:{port}: {exc or type(exc).__name__}")
                 continue
             if self.closed:
@@ -172,6 +182,25 @@ class ProxiedConnection(asyncio.Protocol):
         for connected in self.chain.upstream_connected:
             connected(False)
         self.close("upstream_unreachable", detail="; ".join(errors) or "no upstream address known")
+
+    async def _authenticated_upstream(self, host: str, port: int, identity: OwnIdentity
+                                      ) -> tuple[asyncio.Transport, UpstreamSide]:
+        """An upstream connection authenticated as the proxy (SASL termination): the exchange
+        over a stream, then the socket handed to the upstream protocol."""
+        tls = self.ctx.upstream_tls
+        reader, writer = await asyncio.open_connection(
+            host, port, ssl=tls, server_hostname=host if tls is not None else None)
+        try:
+            await authenticate(reader, writer, identity)
+        except BaseException:
+            writer.transport.abort()
+            raise
+        transport = cast(asyncio.Transport, writer.transport)
+        side = UpstreamSide(self)
+        side.stream = writer  # (a StreamWriter closes its transport when collected)
+        transport.set_protocol(side)
+        side.connection_made(transport)
+        return transport, side
 
     def _may_read_next(self) -> bool:
         """Another request may be read: none in flight, or below the bound and every filter
@@ -250,6 +279,36 @@ class ProxiedConnection(asyncio.Protocol):
             if not self.requests.held or self.client_gate.paused:  # (paused: the held bytes
                 return  # wait for the throttle or the backpressure to end)
             data = b""  # go on with the held bytes
+
+    def _intercepted(self, data: bytes) -> None:
+        """``data_received`` until the client has authenticated with the proxy."""
+        f = self._interceptor
+        if self.closed or f is None:
+            return
+        try:
+            result = f.intercept(data)
+        except ProtocolError as exc:
+            self.close(exc.reason, detail=str(exc), side="client")
+            return
+        transport = self.transport
+        assert transport is not None
+        for answer in result.answers:
+            transport.write(answer)
+        if result.forward:
+            ProxiedConnection.data_received(self, result.forward)
+        if result.failed is not None:  # the answer goes, then the connection closes
+            self.close(result.failed.reason, detail=str(result.failed), side="client")
+            return
+        if f.authenticated:
+            self._interceptor = None
+            del self.data_received  # the class's: reading as usual from now on
+            rest = f.rest
+            if rest:
+                self.data_received(rest)
+
+    def resume_interception(self) -> None:
+        if self._interceptor is not None:
+            asyncio.get_running_loop().call_soon(self._intercepted, b"")
 
     def _read_held(self) -> None:
         """Reading resumed: go on with requests held back while paused."""
@@ -505,10 +564,11 @@ def patch_captured(requests: RequestStream, forward: Buffer | bytearray, events:
 
 
 class UpstreamSide(asyncio.Protocol):
-    __slots__ = ("conn", "gate", "transport")
+    __slots__ = ("conn", "gate", "stream", "transport")
 
     def __init__(self, conn: ProxiedConnection) -> None:
         self.conn = conn
+        self.stream: Any = None  # the StreamWriter an authenticated connection began with
         self.transport: asyncio.Transport | None = None
         self.gate = ReadGate()
 

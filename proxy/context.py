@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from config.schema import NetworkConfig
 from protocol.interests import InterestTable
 from proxy.brokers import ListeningRewriter
+from proxy.cluster import OwnIdentity
 from proxy.filters.base import FilterFactory
 from proxy.metrics import ProxyStats
 from proxy.tls import ServerTls
@@ -50,3 +51,5 @@ class ConnectionContext:
     # an mTLS client's principal from its certificate (SSL listeners; SASL ones read SASL)
     principal_mapper: PrincipalMapper | None = None
     upstream_tls: ssl.SSLContext | None = None  # TLS toward the brokers
+    # SASL termination: each upstream connection authenticates as the proxy first
+    upstream_identity: OwnIdentity | None = None

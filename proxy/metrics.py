@@ -60,6 +60,7 @@ class ProxyStats:
         self.throttle_ms: dict[str, int] = defaultdict(int)  # quota type -> ms imposed
         self.reloads: dict[str, int] = defaultdict(int)  # "success" | "failure"
         self.tls_reloads: dict[str, int] = defaultdict(int)  # "success" | "failure"
+        self.credentials_reloads: dict[str, int] = defaultdict(int)  # "success" | "failure"
         self.refused: dict[str, int] = defaultdict(int)  # reason -> connections refused
         self.max_connections = 0
         self.fd_limit = 0
@@ -209,6 +210,9 @@ class _Collector(Collector):
                       "Configuration reloads, by result", "result", s.reloads)
         yield family(CounterMetricFamily, "kafka_proxy_tls_reloads",
                       "Reloads of the listeners' TLS files, by result", "result", s.tls_reloads)
+        yield family(CounterMetricFamily, "kafka_proxy_credentials_reloads",
+                     "Reloads of the SASL credentials file, by result", "result",
+                     s.credentials_reloads)
         yield from _entity_families(s.quota_entities())
         g = GaugeMetricFamily("kafka_proxy_upstream_brokers", "Upstream brokers known")
         g.add_metric([], s.brokers_known())

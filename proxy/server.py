@@ -41,6 +41,7 @@ from proxy.filters.capture import CaptureFilter
 from proxy.filters.fetch_routing import FetchRouting, FetchRoutingFilter
 from proxy.filters.identity import SaslInspection, SaslSettings
 from proxy.filters.quotas import QuotaFilter
+from proxy.filters.sasl_server import SaslServerSettings, SaslTermination
 from proxy.filters.storage import StorageFilter
 from proxy.logs import get_logger
 from proxy.metrics import EntityRow, ProxyStats, make_registry, serve_metrics
@@ -53,6 +54,7 @@ from proxy.tls import (
     read_secret,
 )
 from quota.enforcer import BOOTSTRAP_SCOPE, QuotaEnforcer
+from security.credentials import Credentials, fingerprint
 from security.sasl import Jwks
 
 log = get_logger("kafka_quota_proxy.server")
@@ -156,6 +158,8 @@ class Proxy:
         self.upstream_tls: ssl.SSLContext | None = None
         self.sasl: SaslSettings | None = None
         self.own_identity: OwnIdentity | None = None  # toward brokers requiring SASL
+        self.sasl_server: SaslServerSettings | None = None  # SASL termination
+        self._credentials_seen: tuple[int, int] | None = None
 
     # ------------------------------------------------------------------ connections' context
     def _context(self, listener: str, scope: int) -> ConnectionContext:
@@ -168,7 +172,9 @@ class Proxy:
 
     def _make_context(self, listener: str, scope: int) -> ConnectionContext:
         made: list[tuple[type[Filter], FilterFactory]] = []
-        if self.sasl is not None:
+        if self.sasl_server is not None:
+            made.append((SaslTermination, partial(SaslTermination, settings=self.sasl_server)))
+        elif self.sasl is not None:
             made.append((SaslInspection, partial(SaslInspection, settings=self.sasl)))
         made.append((QuotaFilter, partial(QuotaFilter, quotas=self.quotas, stats=self.stats)))
         if self.storage is not None:
@@ -189,7 +195,8 @@ class Proxy:
             tls=self.tls,
             principal_mapper=(self.security.principal_mapper()
                               if self.tls is not None and not self.security.uses_sasl else None),
-            upstream_tls=self.upstream_tls)
+            upstream_tls=self.upstream_tls,
+            upstream_identity=self.own_identity if self.sasl_server is not None else None)
 
     # ------------------------------------------------------------------ startup
     def _load_security(self) -> None:
@@ -214,7 +221,11 @@ class Proxy:
                 self.storage.client_options = kafka_client_options(self.config.upstream)
         except TlsFileError as exc:
             raise StartupError(str(exc)) from None
-        if security.uses_sasl:
+        if security.terminates_sasl:
+            self.sasl_server = SaslServerSettings(
+                tuple(security.sasl.mechanisms), self._read_credentials(),
+                self.config.network.max_frame_bytes)
+        elif security.uses_sasl:
             sasl = security.sasl
             jwks = None
             if sasl.oauthbearer_jwks_file is not None:
@@ -227,6 +238,46 @@ class Proxy:
             self.sasl = SaslSettings(sasl.fallback_principal, sasl.oauthbearer_principal_claim,
                                      jwks)
         self._contexts.clear()
+
+    def _read_credentials(self) -> Credentials:
+        path = self.security.sasl.credentials_file
+        assert path is not None
+        try:
+            st = os.stat(path)
+            with open(path) as f:
+                text = f.read()
+            credentials = Credentials.parse(text)
+        except (OSError, ValueError) as exc:
+            raise StartupError(f"listeners.security.sasl.credentials_file {path}: "
+                               f"{getattr(exc, 'strerror', None) or exc}") from None
+        self._credentials_seen = (st.st_mtime_ns, st.st_size)
+        log.info("credentials_loaded", file=path, users=len(credentials.users),
+                 fingerprint=fingerprint(text))
+        return credentials
+
+    async def _watch_credentials(self) -> None:
+        """Reload the credentials file when it changes; a file that does not parse keeps the
+        users as they were (logged, ``kafka_proxy_credentials_reloads_total``)."""
+        interval = self.security.sasl.credentials_reload_seconds
+        path = self.security.sasl.credentials_file
+        if interval <= 0 or path is None or self.sasl_server is None:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            if (st.st_mtime_ns, st.st_size) == self._credentials_seen:
+                continue
+            try:
+                self.sasl_server.credentials = self._read_credentials()
+            except StartupError as exc:
+                self._credentials_seen = (st.st_mtime_ns, st.st_size)
+                self.stats.credentials_reloads["failure"] += 1
+                log.error("credentials_reload_failed", file=path, error=str(exc))
+            else:
+                self.stats.credentials_reloads["success"] += 1
 
     def _tls_reloaded(self, result: str) -> None:
         self.stats.tls_reloads[result] += 1
@@ -283,6 +334,8 @@ class Proxy:
         self._spawn(self._watch_loop_lag())
         if self.tls is not None:
             self._spawn(self.tls.watch())
+        if self.sasl_server is not None:
+            self._spawn(self._watch_credentials())
         if self.storage is not None:
             self._spawn(self.storage.run())
         if self.config_path is not None and self.config.quotas.watch_seconds > 0:

@@ -77,6 +77,9 @@ class FilterHost(Protocol):
     def retire(self, f: Filter, hooks: tuple[str, ...]) -> None:
         """``f`` needs these hooks no more on this connection (``FilterChain.retire``)."""
 
+    def resume_interception(self) -> None:
+        """The intercepting filter has bytes to go on with (soon, not from inside a hook)."""
+
 
 def propose_throttle(entry: InFlight, throttle_ms: int, by: Any) -> None:
     """A filter's throttle for this response: the largest proposed wins (the first of equals)."""
@@ -87,6 +90,10 @@ def propose_throttle(entry: InFlight, throttle_ms: int, by: Any) -> None:
 
 class Filter:
     """Base of request-path filters: every hook does nothing (and is never called)."""
+
+    # Reads the client's bytes before the request stream until it says otherwise (SASL
+    # termination: ``intercept``, ``authenticated``, ``rest``); at most one per chain.
+    intercepts = False
 
     @staticmethod
     def interests(api_key: int, api_version: int) -> Interest:

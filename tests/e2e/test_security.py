@@ -24,6 +24,7 @@ from demo.embedded_broker import TansuBroker, free_port
 from tests.support.certs import Certs, Pem
 from tests.support.e2e import ProxyProcess, wait_for
 from tests.support.rates import cycle_rate
+from security.credentials import add_user
 from tests.support.secure_front import SecureFront
 
 pytestmark = pytest.mark.e2e
@@ -107,8 +108,8 @@ def secured(certs: Certs, broker_certs: Certs, request: pytest.FixtureRequest,
     started: list[Any] = []
 
     def make(protocol: str, *, sasl: bool, client_auth: str = "none", rules: str | None = None,
-             quotas: str = "", session_lifetime_ms: int = 0, listeners_extra: str = ""
-             ) -> Secured:
+             quotas: str = "", session_lifetime_ms: int = 0, listeners_extra: str = "",
+             terminate: dict[str, str] | None = None) -> Secured:
         front_port = free_port()
         tansu = TansuBroker(advertised_port=front_port,
                             log_path=str(tmp_path / "tansu.log")).start()
@@ -117,6 +118,17 @@ def secured(certs: Certs, broker_certs: Certs, request: pytest.FixtureRequest,
                             tls=broker_certs.server_context(broker_certs.server("broker")),
                             users=USERS if sasl else None,
                             session_lifetime_ms=session_lifetime_ms).start()
+        if terminate is not None:  # the proxy's own users, unknown to the broker
+            text = ""
+            for user, password in terminate.items():
+                text = add_user(text, user, password, 4096)
+            credentials = tmp_path / "credentials.yaml"
+            credentials.write_text(text)
+            listeners_extra += f"""    sasl:
+      mode: terminate
+      credentials_file: "{credentials}"
+      credentials_reload_seconds: 0.2
+"""
         started.append(front)
         proxy = ProxyProcess(
             front.bootstrap,
@@ -137,6 +149,7 @@ def secured(certs: Certs, broker_certs: Certs, request: pytest.FixtureRequest,
 def _rdkafka(s: Secured, *, user: str | None = None, mechanism: str = "PLAIN",
              cert: Pem | None = None, password: str | None = None,
              **extra: Any) -> dict[str, Any]:
+    """librdkafka's settings for this setup (SASL_SSL when ``user`` is given)."""
     conf: dict[str, Any] = {"bootstrap.servers": s.bootstrap,
                             "ssl.ca.location": str(s.certs.ca_file), **extra}
     if user is not None:
@@ -180,7 +193,7 @@ def _rdkafka_roundtrip(conf: dict[str, Any], topic: str, tag: str) -> None:
 
 
 def _aiokafka_roundtrip(s: Secured, topic: str, tag: str, sasl: tuple[str, str] | None,
-                        cert: Pem | None = None) -> None:
+                        cert: Pem | None = None, password: str | None = None) -> None:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
     from aiokafka import TopicPartition as TP
 
@@ -189,7 +202,7 @@ def _aiokafka_roundtrip(s: Secured, topic: str, tag: str, sasl: tuple[str, str] 
                           "security_protocol": "SSL"}
     if sasl is not None:
         kw.update(security_protocol="SASL_SSL", sasl_mechanism=sasl[0],
-                  sasl_plain_username=sasl[1], sasl_plain_password=USERS[sasl[1]])
+                  sasl_plain_username=sasl[1], sasl_plain_password=password or USERS[sasl[1]])
     keys = [f"{tag}-{i:06d}".encode() for i in range(MESSAGES)]
 
     async def run() -> list[bytes]:
@@ -221,7 +234,7 @@ def _aiokafka_roundtrip(s: Secured, topic: str, tag: str, sasl: tuple[str, str] 
 
 
 def _kafka_python_roundtrip(s: Secured, topic: str, tag: str, sasl: tuple[str, str] | None,
-                            cert: Pem | None = None) -> None:
+                            cert: Pem | None = None, password: str | None = None) -> None:
     from kafka import KafkaConsumer, KafkaProducer
     from kafka import TopicPartition as TP
 
@@ -231,7 +244,7 @@ def _kafka_python_roundtrip(s: Secured, topic: str, tag: str, sasl: tuple[str, s
         kw.update(ssl_certfile=str(cert.cert), ssl_keyfile=str(cert.key))
     if sasl is not None:
         kw.update(security_protocol="SASL_SSL", sasl_mechanism=sasl[0],
-                  sasl_plain_username=sasl[1], sasl_plain_password=USERS[sasl[1]])
+                  sasl_plain_username=sasl[1], sasl_plain_password=password or USERS[sasl[1]])
     keys = [f"{tag}-{i:06d}".encode() for i in range(MESSAGES)]
     producer = KafkaProducer(client_id=f"kp-{tag}", **kw)
     try:
@@ -333,6 +346,40 @@ def test_sasl_ssl_plain_and_scram_three_clients(secured: Any) -> None:
     oauth_logins = [e for e in s.proxy.events() if e.get("event") == "client_authenticated"
                     and e.get("mechanism") == "OAUTHBEARER"]
     assert oauth_logins and {e["principal"] for e in oauth_logins} == {"bob"}
+
+
+def test_sasl_termination_three_clients_and_credentials_reload(secured: Any) -> None:
+    """The proxy authenticates bob and carol itself (the broker knows neither) and reaches the
+    broker as alice, its own identity; a wrong password never reaches the broker; a user
+    added to the credentials file can log in without a restart."""
+    own = {"bob": "bob-proxy-pw", "carol": "carol-proxy-pw"}
+    s: Secured = secured("SASL_SSL", sasl=True, terminate=own)
+    bob = _rdkafka(s, user="bob", mechanism="SCRAM-SHA-512", password=own["bob"])
+    topic = _topic(bob)
+    _rdkafka_roundtrip(bob, topic, "rdterm")
+    _aiokafka_roundtrip(s, topic, "aioterm", ("PLAIN", "carol"), password=own["carol"])
+    _kafka_python_roundtrip(s, topic, "kpterm", ("SCRAM-SHA-256", "bob"), password=own["bob"])
+    logins = [e for e in s.proxy.events() if e.get("event") == "client_authenticated"]
+    assert {e["principal"] for e in logins} == {"bob", "carol"}
+    assert all(e.get("terminated") for e in logins)
+    assert set(s.front.authenticated) == {"alice"}  # every upstream connection: the proxy's
+    # a wrong password: the proxy answers it (error 58) and closes; the broker never sees it
+    errors: list[str] = []
+    wrong = Producer({**bob, "sasl.password": "nope", "error_cb": lambda e: errors.append(str(e))})
+    wait_for(lambda: wrong.poll(0.1) is not None and any("uthentication" in e for e in errors),
+             20, what="the authentication error")
+    wait_for(lambda: [e for e in s.proxy.closed_connections()
+                      if e.get("reason") == "sasl_authentication_failed"], 10, what="the close")
+    assert set(s.front.authenticated) == {"alice"} and not s.front.failures
+    # dave is added while the proxy runs
+    path = next(Path(line.split('"')[1]) for line in s.proxy.config_path.read_text().splitlines()
+                if "credentials_file" in line)
+    path.write_text(add_user(path.read_text(), "dave", "dave-pw", 4096))
+    wait_for(lambda: s.proxy.metrics().get(
+        'kafka_proxy_credentials_reloads_total{result="success"}', 0) >= 1, 10,
+        what="the credentials reload")
+    _rdkafka_roundtrip(_rdkafka(s, user="dave", mechanism="SCRAM-SHA-256", password="dave-pw"),
+                       topic, "rddave")
 
 
 def test_wrong_password_and_unauthenticated_requests_reach_no_budget(secured: Any) -> None:
