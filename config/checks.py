@@ -29,33 +29,30 @@ def _may_collide(a: str, b: str) -> bool:
 
 
 def cross_checks(config: ProxyConfig) -> list[tuple[tuple[str | int, ...], str]]:
-    """Checks across fields, each reported at the field that has to change."""
+    """Checks across fields, each reported at the field that has to change: no two listeners
+    (bootstrap ports, broker port ranges of every kind, the metrics port) may share a port on
+    addresses that can clash."""
     problems: list[tuple[tuple[str | int, ...], str]] = []
-    listeners = config.listeners
-    if listeners.bootstrap.port in listeners.broker_ports and _may_collide(
-        listeners.bootstrap.host, listeners.broker_host
-    ):
-        problems.append(
-            (
-                ("listeners", "broker_ports"),
-                f"bootstrap port {listeners.bootstrap.port} lies inside broker_ports "
-                f"{listeners.broker_ports}",
-            )
-        )
+    # (where, what, host, first port, last port), in the order of the file
+    claims: list[tuple[tuple[str | int, ...], str, str, int, int]] = []
+    for i, (name, kind) in enumerate(config.listeners.kinds()):
+        at: tuple[str | int, ...] = (("listeners",) if name is None
+                                     else ("listeners", "extra", i - 1))
+        label = "" if name is None else f"listener {name}: "
+        claims.append(((*at, "bootstrap"), f"{label}bootstrap port {kind.bootstrap.port}",
+                       kind.bootstrap.host, kind.bootstrap.port, kind.bootstrap.port))
+        ports = kind.broker_ports
+        claims.append(((*at, "broker_ports"), f"{label}broker_ports {ports}", kind.broker_host,
+                       ports.first, ports.last))
     listen = config.metrics.listen
-    if listen is not None and (
-        (listen.port in listeners.broker_ports and _may_collide(listen.host, listeners.broker_host))
-        or (
-            listen.port == listeners.bootstrap.port
-            and _may_collide(listen.host, listeners.bootstrap.host)
-        )
-    ):
-        problems.append(
-            (
-                ("metrics", "listen"),
-                f"metrics.listen port {listen.port} collides with a proxy listener",
-            )
-        )
+    if listen is not None:
+        claims.append((("metrics", "listen"), f"metrics.listen port {listen.port}", listen.host,
+                       listen.port, listen.port))
+    for j, (where, what, host, first, last) in enumerate(claims):
+        for _, other, other_host, o_first, o_last in claims[:j]:
+            if first <= o_last and o_first <= last and _may_collide(host, other_host):
+                problems.append((where, f"{what} collides with {other}"))
+                break
     problems.extend(quota_checks(config.quotas))
     return problems
 

@@ -90,11 +90,15 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
 
-class ListenersConfig(_Model):
+class ListenerKindConfig(_Model):
+    """One kind of client listener, as in Kafka's listener map: its bootstrap port, one port
+    per upstream broker, and how clients reach it (``security``). Clients of a kind are told
+    about the brokers' ports of that kind."""
+
     bootstrap: HostPort = Field(description="Where clients bootstrap (host:port the proxy binds).")
-    advertised_host: str = Field(
-        min_length=1, description="Host written into every rewritten broker address."
-    )
+    advertised_host: str | None = Field(
+        default=None, min_length=1,
+        description="Host written into every rewritten broker address.")
     broker_ports: PortRange = Field(
         description="One proxy port per upstream broker, e.g. 9193-9292."
     )
@@ -104,7 +108,7 @@ class ListenersConfig(_Model):
     )
     security: ListenerSecurity = Field(
         default=ListenerSecurity(),
-        description="TLS, principals and PROXY protocol of every client listener.")
+        description="TLS, principals and PROXY protocol of this kind's listeners.")
 
     @field_validator("bootstrap", mode="before")
     @classmethod
@@ -119,6 +123,41 @@ class ListenersConfig(_Model):
     @property
     def broker_host(self) -> str:
         return self.broker_listen_host or self.bootstrap.host
+
+
+class ExtraListenerConfig(ListenerKindConfig):
+    """A further kind of listener (``listeners.extra``), named in logs and metrics."""
+
+    name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,31}$",
+                      description="The kind's name, as Kafka names listeners (e.g. SSL, "
+                      "INTERNAL); prefixes its listeners' names in logs.")
+
+
+class ListenersConfig(ListenerKindConfig):
+    """The client listeners: one kind (the common case), and optionally more (``extra``)."""
+
+    advertised_host: str = Field(
+        min_length=1, description="Host written into every rewritten broker address."
+    )
+    extra: list[ExtraListenerConfig] = Field(
+        default=[], description="More kinds of listeners at once (Kafka's listener map), each "
+        "with its own bootstrap, broker ports and security.")
+
+    @model_validator(mode="after")
+    def _names(self) -> ListenersConfig:
+        seen: set[str] = set()
+        for kind in self.extra:
+            if kind.name in seen:
+                raise ValueError(f"listener name {kind.name} is used twice in extra")
+            seen.add(kind.name)
+        return self
+
+    def kinds(self) -> list[tuple[str | None, ListenerKindConfig]]:
+        """Every kind: (None, the main one), then (name, each extra one)."""
+        return [(None, self), *((k.name, k) for k in self.extra)]
+
+    def advertised(self, kind: ListenerKindConfig) -> str:
+        return kind.advertised_host or self.advertised_host
 
 
 class UpstreamConfig(_Model):

@@ -503,6 +503,7 @@ class ProxiedConnection(asyncio.Protocol):
             "connection": self.id,
             "listener": self.listener,
             "client": self.peer,
+            "principal": self.client.user,
             "reason": reason,
             "in_flight": len(self.table),
         }

@@ -16,60 +16,45 @@ import json
 import os
 import resource
 import signal
-import socket
 import ssl
 import time
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 from config.errors import ConfigError
 from config.loading import load_config
 from config.schema import ProxyConfig
-from protocol.addresses import Broker, BrokerAddresses
-from protocol.interests import InterestTable, addresses
-from protocol.rewrite import ResponseRewriter
-from proxy.accept import SecuredServer
-from proxy.brokers import ListeningRewriter
 from proxy.capture_writer import Capture
 from proxy.clock import now_ms
 from proxy.cluster import OwnIdentity, fetch_brokers
 from proxy.connection import ProxiedConnection
-from proxy.context import ConnectionContext
 from proxy.filters.base import Filter, FilterFactory
 from proxy.filters.capture import CaptureFilter
 from proxy.filters.fetch_routing import FetchRouting, FetchRoutingFilter
-from proxy.filters.identity import SaslInspection, SaslSettings
 from proxy.filters.quotas import QuotaFilter
-from proxy.filters.sasl_server import SaslServerSettings, SaslTermination
 from proxy.filters.storage import StorageFilter
+from proxy.listeners import BOOTSTRAP, ListenerKind, Server, StartupError
 from proxy.logs import get_logger
 from proxy.metrics import EntityRow, ProxyStats, make_registry, serve_metrics
 from proxy.storage_watch import StorageWatch
 from proxy.tls import (
-    ServerTls,
     TlsFileError,
     client_context,
     kafka_client_options,
     read_secret,
 )
 from quota.enforcer import BOOTSTRAP_SCOPE, QuotaEnforcer
-from security.credentials import Credentials, fingerprint
-from security.sasl import Jwks
+
+__all__ = ["Proxy", "StartupError", "run_proxy"]
 
 log = get_logger("kafka_quota_proxy.server")
 
-BOOTSTRAP = "bootstrap"
 
 
 # File descriptors kept beyond two per client connection (client and upstream): listeners,
 # the metrics endpoint and its scrapers, metadata refreshes, the storage reader, capture
 # files, logs.
 FD_RESERVE = 64
-
-
-class StartupError(Exception):
-    """The proxy cannot start (for instance a listen address is in use)."""
 
 
 def fd_limit() -> int:
@@ -88,22 +73,6 @@ def raise_fd_limit(ceiling: int = 1 << 20) -> tuple[int, int]:
     return soft, fd_limit()
 
 
-def _listen_socket(host: str, port: int) -> socket.socket:
-    """A listening socket, bound now (synchronously: a client told about the port can connect
-    at once, early connections waiting in the listen backlog)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(1024)
-        sock.setblocking(False)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
 class Proxy:
     def __init__(self, config: ProxyConfig, config_path: str | None = None) -> None:
         self.config = config
@@ -111,24 +80,28 @@ class Proxy:
         self.stats = ProxyStats()
         self.quotas = QuotaEnforcer(config.quotas.settings())
         self.stats.quota_entities = self._quota_entity_rows
-        ports = config.listeners.broker_ports
-        self.registry = BrokerAddresses(config.listeners.advertised_host, ports.first, ports.last)
-        self.stats.brokers_known = lambda: len(self.registry)
-        self.rewriter = ResponseRewriter(self.registry)
-        # what the response streams call: the rewrite, then listeners on the ports it handed out
-        self.listening = ListeningRewriter(self.rewriter, self.registry, self._bind_broker)
         self.routing = FetchRouting(config.racks)
         self.capture: Capture | None = None
         if self.routing.enabled:
-            self.rewriter.on_metadata = self.routing.observe_metadata
             self.stats.feature_families.append(self.routing.metric_families)
-        self.stats.rewritten = self.rewriter.rewritten
-        self.stats.node_endpoints_dropped = lambda: self.rewriter.node_endpoints_dropped
+        # the kinds of client listeners (Kafka's listener map), each with its broker addresses
+        self.kinds = [ListenerKind(self, name, kind) for name, kind in config.listeners.kinds()]
+        self.main = self.kinds[0]
+        self.registry = self.main.registry
+        rewritten: dict[int, int] = {}
+        for kind in self.kinds:
+            kind.rewriter.rewritten = rewritten  # counted together
+            if self.routing.enabled:
+                kind.rewriter.on_metadata = self.routing.observe_metadata
+        self.stats.brokers_known = lambda: len(self.registry)
+        self.stats.rewritten = rewritten
+        self.stats.node_endpoints_dropped = lambda: sum(
+            k.rewriter.node_endpoints_dropped for k in self.kinds)
         self.stats.client_write_buffered = lambda: sum(
             c.transport.get_write_buffer_size() for c in self.connections if c.transport
         )
         self.connections: set[ProxiedConnection] = set()
-        self.servers: dict[str, asyncio.AbstractServer | SecuredServer] = {}
+        self.servers: dict[str, Server] = {}
         self.fd_limit = fd_limit()
         self.max_connections = config.network.max_connections or max(
             (self.fd_limit - FD_RESERVE) // 2, 1)
@@ -152,31 +125,15 @@ class Proxy:
                                         config.upstream.bootstrap_servers,
                                         lambda: self.live_brokers)
             self.stats.feature_families.append(self.storage.metric_families)
-        self._contexts: dict[str, ConnectionContext] = {}  # per listener, made at first use
-        self.security = config.listeners.security
-        self.tls: ServerTls | None = None  # made at start (files are read then)
-        self.upstream_tls: ssl.SSLContext | None = None
-        self.sasl: SaslSettings | None = None
+        self.upstream_tls: ssl.SSLContext | None = None  # made at start (files read then)
         self.own_identity: OwnIdentity | None = None  # toward brokers requiring SASL
-        self.sasl_server: SaslServerSettings | None = None  # SASL termination
-        self._credentials_seen: tuple[int, int] | None = None
 
-    # ------------------------------------------------------------------ connections' context
-    def _context(self, listener: str, scope: int) -> ConnectionContext:
-        """What the connections of one listener use. The filters of the request path, in
-        chain order: quotas, storage throttling, fetch routing (brokers' ports), capture."""
-        ctx = self._contexts.get(listener)
-        if ctx is None:
-            ctx = self._contexts[listener] = self._make_context(listener, scope)
-        return ctx
-
-    def _make_context(self, listener: str, scope: int) -> ConnectionContext:
-        made: list[tuple[type[Filter], FilterFactory]] = []
-        if self.sasl_server is not None:
-            made.append((SaslTermination, partial(SaslTermination, settings=self.sasl_server)))
-        elif self.sasl is not None:
-            made.append((SaslInspection, partial(SaslInspection, settings=self.sasl)))
-        made.append((QuotaFilter, partial(QuotaFilter, quotas=self.quotas, stats=self.stats)))
+    # ------------------------------------------------------------------ the request path
+    def feature_filters(self, scope: int) -> list[tuple[type[Filter], FilterFactory]]:
+        """The shared features' filters, in chain order: quotas, storage throttling, fetch
+        routing (brokers' ports), capture (each kind puts its identity filter first)."""
+        made: list[tuple[type[Filter], FilterFactory]] = [
+            (QuotaFilter, partial(QuotaFilter, quotas=self.quotas, stats=self.stats))]
         if self.storage is not None:
             made.append((StorageFilter, partial(StorageFilter, storage=self.storage)))
         if self.routing.enabled and scope != BOOTSTRAP_SCOPE:
@@ -184,28 +141,13 @@ class Proxy:
         if self.capture is not None:
             made.append((CaptureFilter,
                          partial(CaptureFilter, capture=self.capture, quotas=self.quotas)))
-        return ConnectionContext(
-            host=self, listener=listener, scope=scope, network=self.config.network,
-            connect_timeout_seconds=self.config.upstream.connect_timeout_seconds,
-            stats=self.stats, rewriter=self.listening,
-            interests=InterestTable([addresses, *(cls.interests for cls, _ in made)]),
-            filters=tuple(make for _, make in made),
-            filter_response_frames=InterestTable(cls.interests for cls, _ in made
-                                                 ).response_frames,
-            tls=self.tls,
-            principal_mapper=(self.security.principal_mapper()
-                              if self.tls is not None and not self.security.uses_sasl else None),
-            upstream_tls=self.upstream_tls,
-            upstream_identity=self.own_identity if self.sasl_server is not None else None)
+        return made
 
     # ------------------------------------------------------------------ startup
     def _load_security(self) -> None:
-        """TLS contexts and SASL settings, from their files (a file that cannot be used stops
-        the start, naming its field)."""
-        security = self.security
+        """TLS contexts and SASL identities, from their files (a file that cannot be used
+        stops the start, naming its field)."""
         try:
-            if security.tls is not None:
-                self.tls = ServerTls(security.tls, self._tls_reloaded)
             upstream = self.config.upstream.tls
             if upstream is not None:
                 self.upstream_tls = client_context(upstream)
@@ -221,89 +163,18 @@ class Proxy:
                 self.storage.client_options = kafka_client_options(self.config.upstream)
         except TlsFileError as exc:
             raise StartupError(str(exc)) from None
-        if security.terminates_sasl:
-            self.sasl_server = SaslServerSettings(
-                tuple(security.sasl.mechanisms), self._read_credentials(),
-                self.config.network.max_frame_bytes)
-        elif security.uses_sasl:
-            sasl = security.sasl
-            jwks = None
-            if sasl.oauthbearer_jwks_file is not None:
-                try:
-                    with open(sasl.oauthbearer_jwks_file) as f:
-                        jwks = Jwks.from_json(f.read())
-                except (OSError, ValueError) as exc:
-                    raise StartupError(f"listeners.security.sasl.oauthbearer_jwks_file "
-                                       f"{sasl.oauthbearer_jwks_file}: {exc}") from None
-            self.sasl = SaslSettings(sasl.fallback_principal, sasl.oauthbearer_principal_claim,
-                                     jwks)
-        self._contexts.clear()
-
-    def _read_credentials(self) -> Credentials:
-        path = self.security.sasl.credentials_file
-        assert path is not None
-        try:
-            st = os.stat(path)
-            with open(path) as f:
-                text = f.read()
-            credentials = Credentials.parse(text)
-        except (OSError, ValueError) as exc:
-            raise StartupError(f"listeners.security.sasl.credentials_file {path}: "
-                               f"{getattr(exc, 'strerror', None) or exc}") from None
-        self._credentials_seen = (st.st_mtime_ns, st.st_size)
-        log.info("credentials_loaded", file=path, users=len(credentials.users),
-                 fingerprint=fingerprint(text))
-        return credentials
-
-    async def _watch_credentials(self) -> None:
-        """Reload the credentials file when it changes; a file that does not parse keeps the
-        users as they were (logged, ``kafka_proxy_credentials_reloads_total``)."""
-        interval = self.security.sasl.credentials_reload_seconds
-        path = self.security.sasl.credentials_file
-        if interval <= 0 or path is None or self.sasl_server is None:
-            return
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                st = os.stat(path)
-            except OSError:
-                continue
-            if (st.st_mtime_ns, st.st_size) == self._credentials_seen:
-                continue
-            try:
-                self.sasl_server.credentials = self._read_credentials()
-            except StartupError as exc:
-                self._credentials_seen = (st.st_mtime_ns, st.st_size)
-                self.stats.credentials_reloads["failure"] += 1
-                log.error("credentials_reload_failed", file=path, error=str(exc))
-            else:
-                self.stats.credentials_reloads["success"] += 1
-
-    def _tls_reloaded(self, result: str) -> None:
-        self.stats.tls_reloads[result] += 1
+        for kind in self.kinds:
+            kind.load_security()
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        listen = self.config.listeners.bootstrap
         self._load_security()
         try:
-            if not self._secured:
-                self.servers[BOOTSTRAP] = await loop.create_server(
-                    lambda: ProxiedConnection(self._context(BOOTSTRAP, BOOTSTRAP_SCOPE),
-                                              self._bootstrap_targets),
-                    listen.host,
-                    listen.port,
-                    reuse_address=True,
-                    backlog=1024,
-                )
-            else:
-                self.servers[BOOTSTRAP] = self._secured_server(
-                    BOOTSTRAP, _listen_socket(listen.host, listen.port),
-                    self._context(BOOTSTRAP, BOOTSTRAP_SCOPE), self._bootstrap_targets)
-        except OSError as exc:
-            raise StartupError(
-                f"cannot listen on listeners.bootstrap {listen}: {exc.strerror or exc}"
-            ) from None
+            for kind in self.kinds:
+                await kind.start()
+        except StartupError:
+            for server in self.servers.values():
+                server.close()
+            raise
         if self.config.metrics.listen is not None:
             m = self.config.metrics.listen
             try:
@@ -311,7 +182,8 @@ class Proxy:
                     make_registry(self.stats), m.host, m.port
                 )
             except OSError as exc:
-                self.servers.pop(BOOTSTRAP).close()
+                for server in self.servers.values():
+                    server.close()
                 raise StartupError(
                     f"cannot listen on metrics.listen {m}: {exc.strerror or exc}"
                 ) from None
@@ -325,85 +197,47 @@ class Proxy:
                     server.close()
                 raise StartupError(f"cannot write capture.dir {c.dir}: {exc}") from None
             self.stats.feature_families.append(self.capture.metric_families)
-            self._contexts.clear()  # connections from now on capture
+            for kind in self.kinds:
+                kind.forget_contexts()  # connections from now on capture
             self._write_quota_config()
             self._spawn(self._flush_capture())
         self._spawn(self._refresh_loop())
         self._spawn(self._expire_loop())
         self._spawn(self._sweep())
         self._spawn(self._watch_loop_lag())
-        if self.tls is not None:
-            self._spawn(self.tls.watch())
-        if self.sasl_server is not None:
-            self._spawn(self._watch_credentials())
+        for kind in self.kinds:
+            for watch in kind.watches():
+                self._spawn(watch)
         if self.storage is not None:
             self._spawn(self.storage.run())
         if self.config_path is not None and self.config.quotas.watch_seconds > 0:
             self._spawn(self._watch_config())
         log.info(
             "proxy_started",
-            bootstrap=str(listen),
+            bootstrap=str(self.config.listeners.bootstrap),
             broker_ports=str(self.config.listeners.broker_ports),
+            listeners=[kind.summary() for kind in self.kinds],
             upstream=[str(s) for s in self.config.upstream.bootstrap_servers],
             metrics=str(self.config.metrics.listen) if self.config.metrics.listen else None,
         )
+
+    def spawn(self, coro: Any) -> None:
+        self._spawn(coro)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _bootstrap_targets(self) -> list[tuple[str, int]]:
+    def bootstrap_targets(self) -> list[tuple[str, int]]:
         servers = [(s.host, s.port) for s in self.config.upstream.bootstrap_servers]
         i = self._bootstrap_rr % len(servers)
         self._bootstrap_rr += 1
         return servers[i:] + servers[:i]
 
-    def _bind_broker(self, broker: Broker) -> None:
-        """Bind the broker's proxy port now (synchronously, so a client told about it can
-        connect at once: early connections wait in the listen backlog) and serve it."""
-        sock = _listen_socket(self.config.listeners.broker_host, broker.proxy_port)
-        name = f"broker-{broker.node_id}"
-        node_id = broker.node_id
-
-        def targets() -> list[tuple[str, int]]:
-            b = self.registry.get(node_id)
-            return [(b.host, b.port)] if b else []
-
-        ctx = self._context(name, node_id)
-
-        if self._secured:
-            self.servers[name] = self._secured_server(name, sock, ctx, targets)
-            return
-
-        async def serve() -> None:
-            loop = asyncio.get_running_loop()
-            self.servers[name] = await loop.create_server(
-                lambda: ProxiedConnection(ctx, targets), sock=sock, backlog=1024
-            )
-
-        self._spawn(serve())
-
-    @property
-    def _secured(self) -> bool:
-        """Connections begin with a PROXY header or a TLS handshake (``SecuredServer``)."""
-        return self.tls is not None or self.security.proxy_protocol != "none"
-
-    def _secured_server(self, name: str, sock: socket.socket, ctx: ConnectionContext,
-                        targets: Callable[[], list[tuple[str, int]]]) -> SecuredServer:
-        def refused(reason: str) -> None:
-            self.stats.closed[reason] += 1
-
-        proxy_protocol = self.security.proxy_protocol
-        return SecuredServer(
-            sock, None if proxy_protocol == "none" else proxy_protocol,
-            self.tls.front if self.tls is not None else None,
-            lambda source: ProxiedConnection(ctx, targets, source),
-            self.config.network.request_header_timeout_seconds, refused, name)
-
     async def refresh_brokers(self) -> bool:
         timeout = self.config.upstream.connect_timeout_seconds
-        for target in self._bootstrap_targets():
+        for target in self.bootstrap_targets():
             try:
                 brokers = await fetch_brokers(target[0], target[1], timeout, self.upstream_tls,
                                               self.own_identity)
@@ -413,8 +247,9 @@ class Proxy:
                     "metadata_refresh_failed", upstream=f"{target[0]}:{target[1]}", error=repr(exc)
                 )
                 continue
-            for b in brokers:
-                self.listening.advertise(b.node_id, b.host, b.port, b.rack)
+            for kind in self.kinds:
+                for b in brokers:
+                    kind.listening.advertise(b.node_id, b.host, b.port, b.rack)
             self.live_brokers = {b.node_id for b in brokers}
             if self.routing.enabled:
                 self.routing.topology.observe_brokers((b.node_id, b.rack) for b in brokers)
@@ -545,7 +380,7 @@ class Proxy:
 
     async def wait_listening(self) -> None:
         """Wait until every known broker's listener is serving."""
-        while any(f"broker-{n}" not in self.servers for n in self.registry.by_node):
+        while not all(kind.listening_on_all() for kind in self.kinds):
             await asyncio.sleep(0.01)
 
     # ------------------------------------------------------------------ connections
@@ -608,7 +443,7 @@ class Proxy:
 
     def connection_opened(self, conn: ProxiedConnection) -> None:
         self.connections.add(conn)
-        kind = BOOTSTRAP if conn.listener == BOOTSTRAP else "broker"
+        kind = BOOTSTRAP if conn.listener.endswith(BOOTSTRAP) else "broker"
         self.stats.connections_open[kind] += 1
         self.stats.connections_total[kind] += 1
         if self.draining:
@@ -617,7 +452,7 @@ class Proxy:
     def connection_closed(self, conn: ProxiedConnection, reason: str) -> None:
         if conn in self.connections:
             self.connections.discard(conn)
-            kind = BOOTSTRAP if conn.listener == BOOTSTRAP else "broker"
+            kind = BOOTSTRAP if conn.listener.endswith(BOOTSTRAP) else "broker"
             self.stats.connections_open[kind] -= 1
         self.stats.closed[reason] += 1
         if self.draining:

@@ -121,15 +121,16 @@ def kafka_client_options(upstream: UpstreamConfig) -> dict[str, Any]:
     return options
 
 
-def _signature(paths: list[str]) -> tuple[tuple[int, int] | None, ...]:
-    out: list[tuple[int, int] | None] = []
+def _signature(paths: list[str]) -> tuple[tuple[int, int, int] | None, ...]:
+    """What tells a file changed: its inode (a file renamed over it), mtime and size."""
+    out: list[tuple[int, int, int] | None] = []
     for path in paths:
         try:
             st = os.stat(path)
         except OSError:
             out.append(None)
         else:
-            out.append((st.st_mtime_ns, st.st_size))
+            out.append((st.st_ino, st.st_mtime_ns, st.st_size))
     return tuple(out)
 
 
@@ -140,13 +141,13 @@ class ServerTls:
     def __init__(self, cfg: ServerTlsConfig,
                  on_reload: Callable[[str], None] | None = None) -> None:
         self.cfg = cfg
+        self._files = [p for p in (cfg.cert_file, cfg.key_file, cfg.key_password_file,
+                                   cfg.client_ca_file) if p is not None]
+        self._seen = _signature(self._files)  # (before reading: a change meanwhile is seen)
         self.front = server_context(cfg)
         self.current = self.front
         self.front.sni_callback = self._pick
         self._on_reload = on_reload or (lambda result: None)
-        self._files = [p for p in (cfg.cert_file, cfg.key_file, cfg.key_password_file,
-                                   cfg.client_ca_file) if p is not None]
-        self._seen = _signature(self._files)
 
     def _pick(self, obj: ssl.SSLObject | ssl.SSLSocket, server_name: str | None,
               ctx: ssl.SSLContext) -> None:

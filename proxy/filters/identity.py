@@ -157,7 +157,10 @@ class SaslInspection(Filter):
         self._authenticated(mechanism, result.session_lifetime_ms)
 
     def _authenticated(self, mechanism: str, session_lifetime_ms: int) -> None:
-        self.mechanism = None
+        if mechanism in _ROUNDS:
+            self.mechanism = None
+        elif self.authenticated and self.client.user == self.settings.fallback:
+            return  # another round of a mechanism the proxy cannot read (GSSAPI)
         if self.unreadable is not None:
             exc, self.unreadable = self.unreadable, None
             self.host.close(exc.reason, side="client",

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from demo.embedded_broker import TansuBroker, free_port
+from demo.embedded_broker import TansuBroker, free_port, free_port_range
+from security.credentials import add_user
 from tests.support.certs import Certs, Pem
 from tests.support.e2e import ProxyProcess, wait_for
 from tests.support.rates import cycle_rate
-from security.credentials import add_user
 from tests.support.secure_front import SecureFront
 
 pytestmark = pytest.mark.e2e
@@ -109,7 +109,7 @@ def secured(certs: Certs, broker_certs: Certs, request: pytest.FixtureRequest,
 
     def make(protocol: str, *, sasl: bool, client_auth: str = "none", rules: str | None = None,
              quotas: str = "", session_lifetime_ms: int = 0, listeners_extra: str = "",
-             terminate: dict[str, str] | None = None) -> Secured:
+             terminate: dict[str, str] | None = None, kinds_yaml: str = "") -> Secured:
         front_port = free_port()
         tansu = TansuBroker(advertised_port=front_port,
                             log_path=str(tmp_path / "tansu.log")).start()
@@ -132,7 +132,8 @@ def secured(certs: Certs, broker_certs: Certs, request: pytest.FixtureRequest,
         started.append(front)
         proxy = ProxyProcess(
             front.bootstrap,
-            listeners_yaml=_listener_yaml(certs, protocol, client_auth, rules, listeners_extra),
+            listeners_yaml=_listener_yaml(certs, protocol, client_auth, rules, listeners_extra)
+            + kinds_yaml,
             upstream_yaml=_upstream_yaml(broker_certs, "alice" if sasl else None, tmp_path),
             extra_yaml=quotas)
         proxy.start()
@@ -493,3 +494,51 @@ def test_kip368_reauthentication_keeps_the_connection(secured: Any) -> None:
     assert s.front.authenticated.count("bob") >= 3, s.front.authenticated
     reauth = [e for e in s.proxy.events() if e.get("event") == "client_reauthenticated"]
     assert reauth and all(e["principal"] == "bob" for e in reauth)
+
+
+# ---------------------------------------------------------------------------- listener map
+def test_three_listener_kinds_at_once(secured: Any, certs: Certs) -> None:
+    """SASL_SSL on the main ports, mTLS (INTERNAL) and plaintext (LEGACY) on their own: each
+    client is told about the brokers' ports of its own kind, and gets its own principal."""
+    from tests.support.e2e import KafkaWire
+
+    internal, legacy = free_port_range(5), free_port_range(5)
+    internal_boot, legacy_boot = free_port(), free_port()
+    server = certs.server("internal")
+    kinds = f"""  extra:
+    - name: INTERNAL
+      bootstrap: "127.0.0.1:{internal_boot}"
+      broker_ports: "{internal[0]}-{internal[1]}"
+      security:
+        protocol: SSL
+        ssl_principal_mapping_rules: "RULE:^CN=([^,]+),.*$/$1/L"
+        tls:
+          cert_file: "{server.cert}"
+          key_file: "{server.key}"
+          client_auth: required
+          client_ca_file: "{certs.ca_file}"
+    - name: LEGACY
+      bootstrap: "127.0.0.1:{legacy_boot}"
+      broker_ports: "{legacy[0]}-{legacy[1]}"
+"""
+    s: Secured = secured("SASL_SSL", sasl=True, kinds_yaml=kinds,
+                         quotas=_quota_yaml(10**9, 10**9))
+    sasl_conf = _rdkafka(s, user="alice")
+    mtls_conf = {**_rdkafka(s, cert=s.certs.client("Bob")),
+                 "bootstrap.servers": f"127.0.0.1:{internal_boot}"}
+    plain_conf = {"bootstrap.servers": f"127.0.0.1:{legacy_boot}"}
+    topic = _topic(sasl_conf)
+    _rdkafka_roundtrip(sasl_conf, topic, "kind-sasl")
+    _rdkafka_roundtrip(mtls_conf, topic, "kind-mtls")
+    _rdkafka_roundtrip(plain_conf, topic, "kind-plain")
+    # each kind's Metadata names its own broker port
+    with KafkaWire("127.0.0.1", legacy_boot) as wire:
+        ports = [b.port for b in wire.request(3, 1, topics=None).brokers]
+    assert ports and all(legacy[0] <= p <= legacy[1] for p in ports), ports
+    closed = [e for e in s.proxy.closed_connections() if "principal" in e]
+    by_kind = {(e["listener"].split(":")[0] if ":" in e["listener"] else "main")
+               for e in closed}
+    assert by_kind == {"main", "INTERNAL", "LEGACY"}, by_kind
+    principals = {(e["listener"].split(":")[0] if ":" in e["listener"] else "main",
+                   e["principal"]) for e in closed if e["listener"].endswith("broker-111")}
+    assert principals == {("main", "alice"), ("INTERNAL", "bob"), ("LEGACY", "ANONYMOUS")}

@@ -154,8 +154,8 @@ def test_run_invalid_config_lists_errors(tmp_path: Path) -> None:
     path.write_text(path.read_text().replace("  colour: blue\n", ""))
     proc = cli("run", "--config", str(path), timeout=30)
     assert proc.returncode == 2
-    assert (f"{path}:4:3: listeners.broker_ports: bootstrap port 9192 lies inside broker_ports"
-            in proc.stderr)
+    assert (f"{path}:4:3: listeners.broker_ports: broker_ports 9100-9200 collides with bootstrap "
+            "port 9192" in proc.stderr)
 
 
 def test_run_serves_and_stops_on_sigterm(tmp_path: Path) -> None:

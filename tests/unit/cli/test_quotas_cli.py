@@ -223,8 +223,8 @@ def test_a_file_with_other_sections_is_validated_as_a_full_config() -> None:
     with pytest.raises(ConfigError) as info:
         parse_quotas(bad_listener + QUOTAS, "q.yaml")
     assert info.value.errors == [
-        "q.yaml:4:3: listeners.broker_ports: bootstrap port 9192 lies inside broker_ports "
-        "9192-9292"]
+        "q.yaml:4:3: listeners.broker_ports: broker_ports 9192-9292 collides with bootstrap "
+        "port 9192"]
 
 
 @pytest.mark.parametrize("text", ["", "# nothing yet\n", "{}\n"])

@@ -111,7 +111,7 @@ upstream:
   bootstrap_servers: ["127.0.0.1:1"]
 """)
     proxy = Proxy(config)
-    host, port = proxy.listening.advertise(42, "upstream.example", 9092, None)
+    host, port = proxy.main.listening.advertise(42, "upstream.example", 9092, None)
     assert (host, port) == ("127.0.0.1", base + 42 % 5)
     # The socket listens before the call returns: a client told about the broker can connect.
     _reader, writer = await asyncio.open_connection("127.0.0.1", port)

@@ -1,0 +1,300 @@
+"""One kind of client listener (``listeners``, and each of ``listeners.extra``): Kafka's
+listener map in the proxy.
+
+A kind has its own bootstrap port, its own port per upstream broker, and its own security:
+TLS (``proxy.tls``), how principals are read (mTLS mapping rules, SASL inspection or
+termination) and PROXY protocol. It has its own broker addresses too (``BrokerAddresses``,
+rewriter, listeners), because a client is told about the brokers' ports of the kind it
+connected to, as a Kafka broker answers with the endpoints of the listener a request came in
+on. Quotas, storage, routing and capture are the proxy's, shared by every kind (a broker's
+quotas do not depend on the listener).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Callable
+from functools import partial
+from typing import Any, Protocol
+
+from config.schema import ListenerKindConfig, ProxyConfig
+from protocol.addresses import Broker, BrokerAddresses
+from protocol.interests import InterestTable, addresses
+from protocol.rewrite import ResponseRewriter
+from proxy.accept import SecuredServer
+from proxy.brokers import ListeningRewriter
+from proxy.cluster import OwnIdentity
+from proxy.connection import ProxiedConnection
+from proxy.context import ConnectionContext, ConnectionHost
+from proxy.filters.base import Filter, FilterFactory
+from proxy.filters.identity import SaslInspection, SaslSettings
+from proxy.filters.sasl_server import SaslServerSettings, SaslTermination
+from proxy.logs import get_logger
+from proxy.metrics import ProxyStats
+from proxy.tls import ServerTls, TlsFileError
+from quota.enforcer import BOOTSTRAP_SCOPE
+from security.credentials import Credentials, fingerprint
+from security.sasl import Jwks
+
+log = get_logger("kafka_quota_proxy.listeners")
+
+BOOTSTRAP = "bootstrap"
+Server = asyncio.AbstractServer | SecuredServer
+
+
+class StartupError(Exception):
+    """The proxy cannot start (for instance a listen address is in use)."""
+
+
+class ListenerHost(ConnectionHost, Protocol):
+    """What a kind of listener uses of the proxy."""
+
+    config: ProxyConfig
+    stats: ProxyStats
+    servers: dict[str, Server]
+    upstream_tls: Any  # ssl.SSLContext | None
+    own_identity: OwnIdentity | None
+
+    def feature_filters(self, scope: int) -> list[tuple[type[Filter], FilterFactory]]:
+        """The shared features' filters for a listener of ``scope``, in chain order."""
+
+    def bootstrap_targets(self) -> list[tuple[str, int]]: ...
+
+    def spawn(self, coro: Any) -> None: ...
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A listening socket, bound now (synchronously: a client told about the port can connect
+    at once, early connections waiting in the listen backlog)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(1024)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class ListenerKind:
+    def __init__(self, host: ListenerHost, name: str | None, kind: ListenerKindConfig) -> None:
+        self.host = host
+        self.name = name  # None: the main kind (listeners' names unprefixed)
+        self.kind = kind
+        self.security = kind.security
+        self.at = "listeners" if name is None else f"listeners.extra[{name}]"
+        ports = kind.broker_ports
+        self.registry = BrokerAddresses(host.config.listeners.advertised(kind), ports.first,
+                                        ports.last)
+        self.rewriter = ResponseRewriter(self.registry)
+        # what the response streams call: the rewrite, then listeners on the ports it handed out
+        self.listening = ListeningRewriter(self.rewriter, self.registry, self._bind_broker)
+        self.tls: ServerTls | None = None  # made at start (files are read then)
+        self.sasl: SaslSettings | None = None  # SASL inspection
+        self.sasl_server: SaslServerSettings | None = None  # SASL termination
+        self._credentials_seen: tuple[int, int, int] | None = None
+        self._contexts: dict[str, ConnectionContext] = {}
+
+    def listener(self, base: str) -> str:
+        """A listener's name in logs and the proxy's server table."""
+        return base if self.name is None else f"{self.name}:{base}"
+
+    # ------------------------------------------------------------------ security
+    def load_security(self) -> None:
+        """TLS and SASL settings from their files (a file that cannot be used stops the start,
+        naming its field)."""
+        security = self.security
+        try:
+            if security.tls is not None:
+                self.tls = ServerTls(security.tls, self._tls_reloaded)
+        except TlsFileError as exc:
+            raise StartupError(f"{self.at}: {exc}") from None
+        if security.terminates_sasl:
+            self.sasl_server = SaslServerSettings(
+                tuple(security.sasl.mechanisms), self._read_credentials(),
+                self.host.config.network.max_frame_bytes)
+        elif security.uses_sasl:
+            sasl = security.sasl
+            jwks = None
+            if sasl.oauthbearer_jwks_file is not None:
+                try:
+                    with open(sasl.oauthbearer_jwks_file) as f:
+                        jwks = Jwks.from_json(f.read())
+                except (OSError, ValueError) as exc:
+                    raise StartupError(f"{self.at}.security.sasl.oauthbearer_jwks_file "
+                                       f"{sasl.oauthbearer_jwks_file}: {exc}") from None
+            self.sasl = SaslSettings(sasl.fallback_principal, sasl.oauthbearer_principal_claim,
+                                     jwks)
+        self._contexts.clear()
+
+    def _tls_reloaded(self, result: str) -> None:
+        self.host.stats.tls_reloads[result] += 1
+
+    def _read_credentials(self) -> Credentials:
+        path = self.security.sasl.credentials_file
+        assert path is not None
+        try:
+            st = os.stat(path)
+            with open(path) as f:
+                text = f.read()
+            credentials = Credentials.parse(text)
+        except (OSError, ValueError) as exc:
+            raise StartupError(f"{self.at}.security.sasl.credentials_file {path}: "
+                               f"{getattr(exc, 'strerror', None) or exc}") from None
+        self._credentials_seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+        log.info("credentials_loaded", listener=self.name, file=path,
+                 users=len(credentials.users), fingerprint=fingerprint(text))
+        return credentials
+
+    async def _watch_credentials(self) -> None:
+        """Reload the credentials file when it changes; a file that does not parse keeps the
+        users as they were (logged, ``kafka_proxy_credentials_reloads_total``)."""
+        interval = self.security.sasl.credentials_reload_seconds
+        path = self.security.sasl.credentials_file
+        stats = self.host.stats
+        if interval <= 0 or path is None or self.sasl_server is None:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+            if seen == self._credentials_seen:
+                continue
+            try:
+                self.sasl_server.credentials = self._read_credentials()
+            except StartupError as exc:
+                self._credentials_seen = seen
+                stats.credentials_reloads["failure"] += 1
+                log.error("credentials_reload_failed", file=path, error=str(exc))
+            else:
+                stats.credentials_reloads["success"] += 1
+
+    def watches(self) -> list[Any]:
+        """The coroutines that keep this kind's files current."""
+        out: list[Any] = []
+        if self.tls is not None:
+            out.append(self.tls.watch())
+        if self.sasl_server is not None:
+            out.append(self._watch_credentials())
+        return out
+
+    # ------------------------------------------------------------------ connections' context
+    def context(self, listener: str, scope: int) -> ConnectionContext:
+        """What the connections of one listener use (made at first use)."""
+        ctx = self._contexts.get(listener)
+        if ctx is None:
+            ctx = self._contexts[listener] = self._make_context(listener, scope)
+        return ctx
+
+    def forget_contexts(self) -> None:
+        """Connections from now on get new contexts (a feature started: capture)."""
+        self._contexts.clear()
+
+    def _make_context(self, listener: str, scope: int) -> ConnectionContext:
+        """The filters in chain order: identities (this kind's), then the shared features."""
+        made: list[tuple[type[Filter], FilterFactory]] = []
+        if self.sasl_server is not None:
+            made.append((SaslTermination, partial(SaslTermination, settings=self.sasl_server)))
+        elif self.sasl is not None:
+            made.append((SaslInspection, partial(SaslInspection, settings=self.sasl)))
+        made += self.host.feature_filters(scope)
+        host = self.host
+        config = host.config
+        return ConnectionContext(
+            host=host, listener=listener, scope=scope, network=config.network,
+            connect_timeout_seconds=config.upstream.connect_timeout_seconds,
+            stats=host.stats, rewriter=self.listening,
+            interests=InterestTable([addresses, *(cls.interests for cls, _ in made)]),
+            filters=tuple(make for _, make in made),
+            filter_response_frames=InterestTable(cls.interests for cls, _ in made
+                                                 ).response_frames,
+            tls=self.tls,
+            principal_mapper=(self.security.principal_mapper()
+                              if self.tls is not None and not self.security.uses_sasl else None),
+            upstream_tls=host.upstream_tls,
+            # clients that do not carry their own SASL exchange reach the brokers as the proxy
+            upstream_identity=None if self.sasl is not None else host.own_identity)
+
+    # ------------------------------------------------------------------ listeners
+    @property
+    def secured(self) -> bool:
+        """Connections begin with a PROXY header or a TLS handshake (``SecuredServer``)."""
+        return self.tls is not None or self.security.proxy_protocol != "none"
+
+    async def start(self) -> None:
+        """Listen on the bootstrap port."""
+        listen = self.kind.bootstrap
+        name = self.listener(BOOTSTRAP)
+        ctx = self.context(name, BOOTSTRAP_SCOPE)
+        targets = self.host.bootstrap_targets
+        try:
+            if self.secured:
+                server: Server = self._secured_server(
+                    name, listen_socket(listen.host, listen.port), ctx, targets)
+            else:
+                server = await asyncio.get_running_loop().create_server(
+                    lambda: ProxiedConnection(ctx, targets), listen.host, listen.port,
+                    reuse_address=True, backlog=1024)
+        except OSError as exc:
+            raise StartupError(f"cannot listen on {self.at}.bootstrap {listen}: "
+                               f"{exc.strerror or exc}") from None
+        self.host.servers[name] = server
+
+    def _bind_broker(self, broker: Broker) -> None:
+        """Bind the broker's proxy port now (synchronously, so a client told about it can
+        connect at once: early connections wait in the listen backlog) and serve it."""
+        sock = listen_socket(self.kind.broker_host, broker.proxy_port)
+        name = self.listener(f"broker-{broker.node_id}")
+        node_id = broker.node_id
+
+        def targets() -> list[tuple[str, int]]:
+            b = self.registry.get(node_id)
+            return [(b.host, b.port)] if b else []
+
+        ctx = self.context(name, node_id)
+        servers = self.host.servers
+        if self.secured:
+            servers[name] = self._secured_server(name, sock, ctx, targets)
+            return
+
+        async def serve() -> None:
+            loop = asyncio.get_running_loop()
+            servers[name] = await loop.create_server(
+                lambda: ProxiedConnection(ctx, targets), sock=sock, backlog=1024)
+
+        self.host.spawn(serve())
+
+    def _secured_server(self, name: str, sock: socket.socket, ctx: ConnectionContext,
+                        targets: Callable[[], list[tuple[str, int]]]) -> SecuredServer:
+        stats = self.host.stats
+
+        def refused(reason: str) -> None:
+            stats.closed[reason] += 1
+
+        proxy_protocol = self.security.proxy_protocol
+        return SecuredServer(
+            sock, None if proxy_protocol == "none" else proxy_protocol,
+            self.tls.front if self.tls is not None else None,
+            lambda source: ProxiedConnection(ctx, targets, source),
+            self.host.config.network.request_header_timeout_seconds, refused, name)
+
+    def listening_on_all(self) -> bool:
+        """Every known broker's listener of this kind is serving."""
+        servers = self.host.servers
+        return all(self.listener(f"broker-{n}") in servers for n in self.registry.by_node)
+
+    def summary(self) -> dict[str, Any]:
+        return {"name": self.name, "bootstrap": str(self.kind.bootstrap),
+                "broker_ports": str(self.kind.broker_ports),
+                "protocol": self.security.protocol,
+                **({"sasl": self.security.sasl.mode} if self.security.uses_sasl else {}),
+                **({"proxy_protocol": self.security.proxy_protocol}
+                   if self.security.proxy_protocol != "none" else {})}
