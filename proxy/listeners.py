@@ -26,7 +26,7 @@ from protocol.rewrite import ResponseRewriter
 from proxy.accept import SecuredServer
 from proxy.brokers import ListeningRewriter
 from proxy.cluster import OwnIdentity
-from proxy.connection import ProxiedConnection
+from proxy.connection import ProxiedConnection, TlsProxiedConnection
 from proxy.context import ConnectionContext, ConnectionHost
 from proxy.filters.base import Filter, FilterFactory
 from proxy.filters.identity import SaslInspection, SaslSettings
@@ -280,10 +280,11 @@ class ListenerKind:
             stats.closed[reason] += 1
 
         proxy_protocol = self.security.proxy_protocol
+        connection = ProxiedConnection if self.tls is None else TlsProxiedConnection
         return SecuredServer(
             sock, None if proxy_protocol == "none" else proxy_protocol,
             self.tls.front if self.tls is not None else None,
-            lambda source: ProxiedConnection(ctx, targets, source),
+            lambda source: connection(ctx, targets, source),
             self.host.config.network.request_header_timeout_seconds, refused, name)
 
     def listening_on_all(self) -> bool:
