@@ -322,3 +322,16 @@ class SignalGuard:
             signal.signal(sig, old)
 
 
+def run_interruptible(run: Callable[[], Any]) -> Any:
+    """``run()`` under a ``SignalGuard``; None (after saying so) when a signal stopped it."""
+    guard = SignalGuard()
+    try:
+        with guard:
+            return run()
+    except (KeyboardInterrupt, Terminated, SystemError):
+        if guard.received is None:
+            raise
+        print(f"\ninterrupted by {guard.received}; child processes stopped", file=sys.stderr)
+        return None
+
+

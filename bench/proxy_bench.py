@@ -46,14 +46,13 @@ from harness import (
     ManagedProcess,
     Measurement,
     ProfileResult,
-    SignalGuard,
-    Terminated,
     Watchdog,
     WorkloadError,
     own_time_from_raw,
     percentile,
     pick_port_range,
     pyspy_record,
+    run_interruptible,
     wait_ready,
 )
 
@@ -684,14 +683,8 @@ def parse_args(argv: list[str] | None) -> Settings:
 
 def main(argv: list[str] | None = None) -> int:
     settings = parse_args(argv)
-    guard = SignalGuard()
-    try:
-        with guard:
-            result = run_benchmark(settings)
-    except (KeyboardInterrupt, Terminated, SystemError):
-        if guard.received is None:
-            raise
-        print(f"\ninterrupted by {guard.received}; child processes stopped", file=sys.stderr)
+    result = run_interruptible(lambda: run_benchmark(settings))
+    if result is None:
         return 130
     print(format_report(result))
     print(f"results: {write_json(result)}")

@@ -51,9 +51,8 @@ from harness import (
     CpuMeter,
     ForeignCpu,
     ManagedProcess,
-    SignalGuard,
-    Terminated,
     pick_port_range,
+    run_interruptible,
     wait_ready,
 )
 from proxy_bench import (
@@ -453,14 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.front is not None:
         return run_front(*args.front, tuple(args.front_tls) if args.front_tls else None)
-    guard = SignalGuard()
-    try:
-        with guard:
-            result = run_benchmark(args.settings)
-    except (KeyboardInterrupt, Terminated, SystemError):
-        if guard.received is None:
-            raise
-        print(f"\ninterrupted by {guard.received}; child processes stopped", file=sys.stderr)
+    result = run_interruptible(lambda: run_benchmark(args.settings))
+    if result is None:
         return 130
     print(format_report(result))
     print(f"results: {write_json(result)}")

@@ -606,10 +606,10 @@ class UpstreamSide(asyncio.Protocol):
 _TLS_READ_BUFFER = 256 * 1024
 
 
-class TlsProxiedConnection(ProxiedConnection, asyncio.BufferedProtocol):
-    """A client connection over TLS."""
+class _TlsReads:
+    """The read buffer of a TLS connection's side (one per side, made at first read)."""
 
-    _read_buffer: memoryview | None = None
+    _read_buffer: memoryview | None
 
     def get_buffer(self, sizehint: int) -> memoryview:
         buf = self._read_buffer
@@ -617,28 +617,29 @@ class TlsProxiedConnection(ProxiedConnection, asyncio.BufferedProtocol):
             buf = self._read_buffer = memoryview(bytearray(_TLS_READ_BUFFER))
         return buf
 
-    def buffer_updated(self, nbytes: int) -> None:
+    def _read(self, nbytes: int) -> bytes:
         buf = self._read_buffer
         assert buf is not None
-        self.data_received(bytes(buf[:nbytes]))
+        return bytes(buf[:nbytes])
 
 
-class TlsUpstreamSide(UpstreamSide, asyncio.BufferedProtocol):
+class TlsProxiedConnection(_TlsReads, ProxiedConnection, asyncio.BufferedProtocol):
+    """A client connection over TLS."""
+
+    _read_buffer: memoryview | None = None
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(self._read(nbytes))
+
+
+class TlsUpstreamSide(_TlsReads, UpstreamSide, asyncio.BufferedProtocol):
     """The upstream side over TLS."""
 
     __slots__ = ("_read_buffer",)
 
     def __init__(self, conn: ProxiedConnection) -> None:
         super().__init__(conn)
-        self._read_buffer: memoryview | None = None
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        buf = self._read_buffer
-        if buf is None:
-            buf = self._read_buffer = memoryview(bytearray(_TLS_READ_BUFFER))
-        return buf
+        self._read_buffer = None
 
     def buffer_updated(self, nbytes: int) -> None:
-        buf = self._read_buffer
-        assert buf is not None
-        self.conn.upstream_data(bytes(buf[:nbytes]))
+        self.conn.upstream_data(self._read(nbytes))
