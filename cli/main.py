@@ -186,6 +186,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_credentials_add(args: argparse.Namespace) -> int:
     """Add or replace a user in a credentials file (salted SCRAM credentials only): the
     password is read from standard input (its first line), never from the command line."""
+    import contextlib
     import getpass
     import os
 
@@ -206,8 +207,11 @@ def _cmd_credentials_add(args: argparse.Namespace) -> int:
         print(f"{path}: {exc}", file=sys.stderr)
         return 1
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(new)
-    os.chmod(tmp, 0o600)
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()  # (left by an earlier run: never reused with its permissions)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never readable by others
+    with os.fdopen(fd, "w") as f:
+        f.write(new)
     os.replace(tmp, path)  # the proxy never reads a half-written file
     print(f"{path}: {args.user} set (SCRAM-SHA-256, SCRAM-SHA-512, "
           f"{args.iterations} iterations)")

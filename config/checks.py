@@ -44,6 +44,12 @@ def cross_checks(config: ProxyConfig) -> list[tuple[tuple[str | int, ...], str]]
         ports = kind.broker_ports
         claims.append(((*at, "broker_ports"), f"{label}broker_ports {ports}", kind.broker_host,
                        ports.first, ports.last))
+    names: set[str] = set()
+    for i, kind in enumerate(config.listeners.extra):
+        if kind.name in names:
+            problems.append((("listeners", "extra", i, "name"),
+                             f"listener name {kind.name} is used twice"))
+        names.add(kind.name)
     listen = config.metrics.listen
     if listen is not None:
         claims.append((("metrics", "listen"), f"metrics.listen port {listen.port}", listen.host,

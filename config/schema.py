@@ -143,15 +143,6 @@ class ListenersConfig(ListenerKindConfig):
         default=[], description="More kinds of listeners at once (Kafka's listener map), each "
         "with its own bootstrap, broker ports and security.")
 
-    @model_validator(mode="after")
-    def _names(self) -> ListenersConfig:
-        seen: set[str] = set()
-        for kind in self.extra:
-            if kind.name in seen:
-                raise ValueError(f"listener name {kind.name} is used twice in extra")
-            seen.add(kind.name)
-        return self
-
     def kinds(self) -> list[tuple[str | None, ListenerKindConfig]]:
         """Every kind: (None, the main one), then (name, each extra one)."""
         return [(None, self), *((k.name, k) for k in self.extra)]

@@ -20,13 +20,27 @@ import hashlib
 import hmac
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import yaml
 
-from security.scram import ScramCredential, format_credential, make_credential, parse_credential
+from security.scram import (
+    MIN_ITERATIONS,
+    ScramCredential,
+    format_credential,
+    make_credential,
+    parse_credential,
+)
 
 MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256")  # strongest first (PLAIN uses the first held)
 DEFAULT_ITERATIONS = 8192
+
+
+def _load(text: str) -> object:
+    try:
+        return yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"not YAML: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -38,7 +52,7 @@ class Credentials:
     @classmethod
     def parse(cls, text: str) -> Credentials:
         """The file's text; ValueError naming the user and mechanism that is wrong."""
-        doc = yaml.safe_load(text) if text.strip() else {}
+        doc = _load(text)
         if doc is None:
             doc = {}
         if not isinstance(doc, dict) or set(doc) - {"users"}:
@@ -58,9 +72,13 @@ class Credentials:
                     raise ValueError(f"users.{user}.{mechanism}: unknown mechanism (expected "
                                      f"{' or '.join(MECHANISMS)})")
                 try:
-                    held[mechanism] = parse_credential(str(text_value))
+                    credential = parse_credential(str(text_value))
                 except ValueError as exc:
                     raise ValueError(f"users.{user}.{mechanism}: {exc}") from None
+                if credential.iterations < MIN_ITERATIONS:
+                    raise ValueError(f"users.{user}.{mechanism}: iterations "
+                                     f"{credential.iterations} is below {MIN_ITERATIONS}")
+                held[mechanism] = credential
             out[user] = held
         return cls(out)
 
@@ -74,7 +92,7 @@ class Credentials:
             return False
         for mechanism in MECHANISMS:
             credential = held.get(mechanism)
-            if credential is not None:
+            if credential is not None and credential.iterations >= MIN_ITERATIONS:
                 candidate = make_credential(mechanism, password, credential.salt,
                                             credential.iterations)
                 return hmac.compare_digest(candidate.stored_key, credential.stored_key)
@@ -85,8 +103,8 @@ def add_user(text: str, user: str, password: str,
              iterations: int = DEFAULT_ITERATIONS) -> str:
     """The file's text with ``user`` (re)set to credentials of ``password`` for every SCRAM
     mechanism, each with its own random salt."""
-    doc = yaml.safe_load(text) if text.strip() else None
     Credentials.parse(text)  # refuse to extend a broken file
+    doc: Any = _load(text)
     users = dict((doc or {}).get("users") or {})
     users[user] = {m: format_credential(make_credential(m, password, os.urandom(24),
                                                        iterations))

@@ -207,7 +207,7 @@ class SaslTermination(Filter):
             assert scram.username is not None
             self._authenticated(scram.username, mechanism)
             return reply(NONE, None, server_final)
-        except (SaslError, UnicodeDecodeError, IndexError) as exc:
+        except (ValueError, IndexError) as exc:  # SaslError, UnicodeDecodeError among them
             log.info("sasl_authentication_failed", connection=self.client.id,
                      client=self.client.peer, mechanism=mechanism, error=str(exc))
             raise AuthenticationEnded(

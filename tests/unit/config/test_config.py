@@ -19,12 +19,13 @@ from config.errors import ConfigError
 from config.loading import load_config, parse_config
 from config.schema import HostPort, PortRange, ProxyConfig
 from protocol.framing import DEFAULT_MAX_FRAME_BYTES
+from tests.support import config_errors
 from tests.support.hostile import alias_bomb
 
 REPO = Path(__file__).resolve().parents[3]
 DEPLOY = REPO / "deploy"
 SOURCE = "test.yaml"
-ERROR_LINE = re.compile(r"^(?P<file>.+?):(?P<line>\d+):(?P<col>\d+): (?P<path>[^:]+): (?P<msg>.+)$")
+ERROR_LINE = config_errors.ERROR_LINE
 
 MINIMAL = """\
 listeners:
@@ -50,23 +51,11 @@ upstream:
 
 
 def errors_of(text: str, source: str = SOURCE) -> list[str]:
-    with pytest.raises(ConfigError) as info:
-        parse_config(text, source)
-    assert info.value.errors, "ConfigError without error lines"
-    assert str(info.value) == "\n".join(info.value.errors)
-    return info.value.errors
+    return config_errors.errors_of(text, source)
 
 
 def single_error(text: str) -> dict[str, Any]:
-    """Parse the one expected error line into its parts (line and col as ints)."""
-    errors = errors_of(text)
-    assert len(errors) == 1, errors
-    m = ERROR_LINE.match(errors[0])
-    assert m, f"not FILE:LINE:COL: path: message: {errors[0]!r}"
-    d: dict[str, Any] = m.groupdict()
-    d["line"], d["col"] = int(d["line"]), int(d["col"])
-    assert d["file"] == SOURCE
-    return d
+    return config_errors.single_error(text, SOURCE)
 
 
 def check_config(path: Path) -> subprocess.CompletedProcess[str]:

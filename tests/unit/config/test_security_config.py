@@ -3,19 +3,17 @@
 
 from __future__ import annotations
 
-import re
 import textwrap
 from typing import Any
 
 import pytest
 
-from config.errors import ConfigError
 from config.loading import parse_config
 from config.security import ListenerSecurity, SaslConfig
 from security.principal_mapping import PrincipalMapper
+from tests.support import config_errors
 
 SOURCE = "security.yaml"
-ERROR_LINE = re.compile(r"^(?P<file>.+?):(?P<line>\d+):(?P<col>\d+): (?P<path>[^:]+): (?P<msg>.+)$")
 
 # Line numbers: 1 listeners:  2 bootstrap  3 advertised_host  4 broker_ports  5 upstream:
 #   6 bootstrap_servers
@@ -43,16 +41,7 @@ def with_upstream(block: str) -> str:
 
 
 def single_error(text: str) -> dict[str, Any]:
-    with pytest.raises(ConfigError) as info:
-        parse_config(text, SOURCE)
-    errors = info.value.errors
-    assert len(errors) == 1, errors
-    m = ERROR_LINE.match(errors[0])
-    assert m, f"not FILE:LINE:COL: path: message: {errors[0]!r}"
-    d: dict[str, Any] = m.groupdict()
-    d["line"], d["col"] = int(d["line"]), int(d["col"])
-    assert d["file"] == SOURCE
-    return d
+    return config_errors.single_error(text, SOURCE)
 
 
 TLS = """\

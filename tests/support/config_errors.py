@@ -1,0 +1,40 @@
+"""Configuration errors as the tests read them: every error line is
+``FILE:LINE:COLUMN: field.path: message`` (``config.errors``)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from config.errors import ConfigError
+from config.loading import parse_config
+
+ERROR_LINE = re.compile(r"^(?P<file>.+?):(?P<line>\d+):(?P<col>\d+): (?P<path>[^:]+): (?P<msg>.+)$")
+
+
+def errors_of(text: str, source: str) -> list[str]:
+    """The error lines of a configuration that must not load."""
+    with pytest.raises(ConfigError) as info:
+        parse_config(text, source)
+    assert info.value.errors, "ConfigError without error lines"
+    assert str(info.value) == "\n".join(info.value.errors)
+    return info.value.errors
+
+
+def parse_error(line: str, source: str) -> dict[str, Any]:
+    """One error line in its parts (line and col as ints)."""
+    m = ERROR_LINE.match(line)
+    assert m, f"not FILE:LINE:COL: path: message: {line!r}"
+    d: dict[str, Any] = m.groupdict()
+    d["line"], d["col"] = int(d["line"]), int(d["col"])
+    assert d["file"] == source
+    return d
+
+
+def single_error(text: str, source: str) -> dict[str, Any]:
+    """The one expected error of a configuration, in its parts."""
+    errors = errors_of(text, source)
+    assert len(errors) == 1, errors
+    return parse_error(errors[0], source)
