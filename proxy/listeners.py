@@ -233,15 +233,18 @@ class ListenerKind:
         """Listen on the bootstrap port."""
         listen = self.kind.bootstrap
         name = self.listener(BOOTSTRAP)
-        ctx = self.context(name, BOOTSTRAP_SCOPE)
         targets = self.host.bootstrap_targets
+
+        def ctx() -> ConnectionContext:  # per connection: features may start later (capture)
+            return self.context(name, BOOTSTRAP_SCOPE)
+
         try:
             if self.secured:
                 server: Server = self._secured_server(
                     name, listen_socket(listen.host, listen.port), ctx, targets)
             else:
                 server = await asyncio.get_running_loop().create_server(
-                    lambda: ProxiedConnection(ctx, targets), listen.host, listen.port,
+                    lambda: ProxiedConnection(ctx(), targets), listen.host, listen.port,
                     reuse_address=True, backlog=1024)
         except OSError as exc:
             raise StartupError(f"cannot listen on {self.at}.bootstrap {listen}: "
@@ -259,7 +262,9 @@ class ListenerKind:
             b = self.registry.get(node_id)
             return [(b.host, b.port)] if b else []
 
-        ctx = self.context(name, node_id)
+        def ctx() -> ConnectionContext:  # per connection: features may start later (capture)
+            return self.context(name, node_id)
+
         servers = self.host.servers
         if self.secured:
             servers[name] = self._secured_server(name, sock, ctx, targets)
@@ -268,11 +273,12 @@ class ListenerKind:
         async def serve() -> None:
             loop = asyncio.get_running_loop()
             servers[name] = await loop.create_server(
-                lambda: ProxiedConnection(ctx, targets), sock=sock, backlog=1024)
+                lambda: ProxiedConnection(ctx(), targets), sock=sock, backlog=1024)
 
         self.host.spawn(serve())
 
-    def _secured_server(self, name: str, sock: socket.socket, ctx: ConnectionContext,
+    def _secured_server(self, name: str, sock: socket.socket,
+                        ctx: Callable[[], ConnectionContext],
                         targets: Callable[[], list[tuple[str, int]]]) -> SecuredServer:
         stats = self.host.stats
 
@@ -284,7 +290,7 @@ class ListenerKind:
         return SecuredServer(
             sock, None if proxy_protocol == "none" else proxy_protocol,
             self.tls.front if self.tls is not None else None,
-            lambda source: connection(ctx, targets, source),
+            lambda source: connection(ctx(), targets, source),
             self.host.config.network.request_header_timeout_seconds, refused, name)
 
     def listening_on_all(self) -> bool:

@@ -76,9 +76,13 @@ def _listener_yaml(certs: Certs, protocol: str, client_auth: str = "none",
 
 
 def _upstream_yaml(broker_certs: Certs, sasl_user: str | None = None,
-                   workdir: Path | None = None) -> str:
+                   workdir: Path | None = None, own: Pem | None = None) -> str:
     text = f"""  tls:
     ca_file: "{broker_certs.ca_file}"
+"""
+    if own is not None:  # the proxy's own certificate, for brokers that require mTLS
+        text += f"""    cert_file: "{own.cert}"
+    key_file: "{own.key}"
 """
     if sasl_user is not None:
         assert workdir is not None
@@ -109,13 +113,15 @@ def secured(certs: Certs, broker_certs: Certs, request: pytest.FixtureRequest,
 
     def make(protocol: str, *, sasl: bool, client_auth: str = "none", rules: str | None = None,
              quotas: str = "", session_lifetime_ms: int = 0, listeners_extra: str = "",
-             terminate: dict[str, str] | None = None, kinds_yaml: str = "") -> Secured:
+             terminate: dict[str, str] | None = None, kinds_yaml: str = "",
+             broker_mtls: bool = False) -> Secured:
         front_port = free_port()
         tansu = TansuBroker(advertised_port=front_port,
                             log_path=str(tmp_path / "tansu.log")).start()
         started.append(tansu)
         front = SecureFront(tansu.port, front_port,
-                            tls=broker_certs.server_context(broker_certs.server("broker")),
+                            tls=broker_certs.server_context(broker_certs.server("broker"),
+                                                            client_auth=broker_mtls),
                             users=USERS if sasl else None,
                             session_lifetime_ms=session_lifetime_ms).start()
         if terminate is not None:  # the proxy's own users, unknown to the broker
@@ -134,7 +140,9 @@ def secured(certs: Certs, broker_certs: Certs, request: pytest.FixtureRequest,
             front.bootstrap,
             listeners_yaml=_listener_yaml(certs, protocol, client_auth, rules, listeners_extra)
             + kinds_yaml,
-            upstream_yaml=_upstream_yaml(broker_certs, "alice" if sasl else None, tmp_path),
+            upstream_yaml=_upstream_yaml(broker_certs, "alice" if sasl else None, tmp_path,
+                                         broker_certs.client("kafka-quota-proxy")
+                                         if broker_mtls else None),
             extra_yaml=quotas)
         proxy.start()
         started.append(proxy)
@@ -301,6 +309,13 @@ def test_three_clients_over_tls_both_ways_exactly_once(secured: Any) -> None:
     metrics = s.proxy.metrics()
     assert metrics.get('kafka_proxy_closed_connections_total{reason="tls_handshake_failed"}',
                        0) == 0
+
+
+def test_brokers_that_require_mtls_get_the_proxys_certificate(secured: Any) -> None:
+    s: Secured = secured("SSL", sasl=False, broker_mtls=True)
+    topic = _topic(_rdkafka(s))
+    _rdkafka_roundtrip(_rdkafka(s), topic, "rd-broker-mtls")
+    assert s.front.connections > 0
 
 
 def test_mtls_principals_from_mapping_rules_and_bad_certificates(secured: Any,
