@@ -69,6 +69,9 @@ from bench.drill_common import (
 from demo.embedded_broker import TansuBroker
 
 FAULTS = ("broker_stop", "proxy_restart", "broker_kill")
+# A producer with messages queued and no acknowledgement this long after the broker lost its
+# state is wedged (see FaultTraffic)
+WEDGED_S = 8.0
 
 NOTES = {
     "broker_stop": "broker frozen (SIGSTOP) and resumed; it keeps its data: full accounting.",
@@ -79,8 +82,9 @@ NOTES = {
                    "the kill, not yet consumed, gone with the broker. lost/duplicated count "
                    "the messages produced after the broker was back and the topics recreated; "
                    "duplicated counts every message consumed twice, ever. Producers were "
-                   "recreated after librdkafka's fatal UNKNOWN_PRODUCER_ID, consumers rewound "
-                   "to the new log's start.",
+                   "recreated after librdkafka's fatal UNKNOWN_PRODUCER_ID, or when wedged "
+                   "(messages queued, nothing acknowledged for 8 s: producers_unwedged), "
+                   "consumers rewound to the new log's start.",
 }
 
 
@@ -98,6 +102,11 @@ class FaultTraffic(GoodTraffic):
       outstanding (its sequence state no longer matches the broker's) and ``flush`` would wait
       for ``message.timeout.ms``. What is still queued then is purged and counted in
       ``unsettled``: never acknowledged, never re-sent.
+    - Such a producer is wedged for good while it runs, not only at the end: once the broker
+      has lost its state (``broker_lost_state()``), a producer with messages queued and no
+      acknowledgement for ``WEDGED_S`` is replaced like a fatal one (its queue purged, never
+      acknowledged, never re-sent) and counted in ``unwedged``. Only then: with a broker that
+      kept its state, a wedged producer is the proxy's fault and fails the drill.
     """
 
     def __init__(self, *args: Any, session_timeout_ms: int | None = None,
@@ -109,11 +118,27 @@ class FaultTraffic(GoodTraffic):
         self.consumed_total = 0
         self.newest_consumed = -1  # the highest key sequence number consumed
         self.consumers = 0
+        self.unwedged = 0
+        self._lost_state_at: float | None = None
+        self._acked_at_loss = 0
         self._rewind = threading.Event()
         super().__init__(*args, **kwargs)
 
     def rewind(self) -> None:
         self._rewind.set()
+
+    def broker_lost_state(self) -> None:
+        self._acked_at_loss = len(self.acked)
+        self._lost_state_at = time.monotonic()
+
+    def _wedged(self, producer: Any) -> bool:
+        since = self._lost_state_at
+        if since is None:
+            return False
+        if len(self.acked) > self._acked_at_loss:
+            self._lost_state_at = None  # acknowledged again: not wedged
+            return False
+        return time.monotonic() - since > WEDGED_S and len(producer) > 0
 
     def _new_producer(self) -> Any:
         from confluent_kafka import Producer
@@ -129,10 +154,11 @@ class FaultTraffic(GoodTraffic):
     def _produce(self) -> None:
         from confluent_kafka import KafkaError, KafkaException
 
-        def replace(producer: Any, exc: KafkaException) -> Any:
-            if not (exc.args[0].fatal() or exc.args[0].code() == KafkaError._FATAL):
-                raise exc
-            self.fatal.append(str(exc.args[0]))
+        def replace(producer: Any, exc: KafkaException | None) -> Any:
+            if exc is not None:
+                if not (exc.args[0].fatal() or exc.args[0].code() == KafkaError._FATAL):
+                    raise exc
+                self.fatal.append(str(exc.args[0]))
             producer.purge()
             with contextlib.suppress(KafkaException):
                 producer.flush(10)  # serves the purged messages' delivery reports
@@ -145,6 +171,10 @@ class FaultTraffic(GoodTraffic):
                 self._send_due(producer, start)
             except KafkaException as exc:
                 producer = replace(producer, exc)
+            if self._wedged(producer):
+                self.unwedged += 1
+                producer = replace(producer, None)
+                self.broker_lost_state()  # watched again from now
         deadline = time.monotonic() + self.flush_seconds
         while True:
             try:
@@ -351,6 +381,7 @@ def _run_fault(fault: str, broker: TansuBroker, proxy: ProxyProcess, s: Settings
             for i, t in enumerate(traffic):
                 sent_at_back[i] = t.sent
                 t.rewind()
+                t.broker_lost_state()
         else:
             raise ValueError(f"unknown fault {fault!r}")
         figures.update(recovery.wait(s.recover_timeout))
@@ -399,6 +430,7 @@ def _run_fault(fault: str, broker: TansuBroker, proxy: ProxyProcess, s: Settings
                         for k in a if k not in t.consumed),
             "duplicated": sum(x.duplicated for x in tallies),
             "producers_recreated": sum(len(t.fatal) for t in traffic),
+            "producers_unwedged": sum(t.unwedged for t in traffic),
             "consumers_rewound": sum(t.consumers - 1 for t in traffic),
         }
     else:
