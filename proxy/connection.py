@@ -415,10 +415,10 @@ class ProxiedConnection(asyncio.Protocol):
                 side="client",
                 detail="client closed the connection in the middle of a frame",
             )
-        elif exc is not None:
+        elif exc is not None and not isinstance(exc, (ConnectionResetError, BrokenPipeError)):
             self.close("client_error", detail=str(exc))
-        else:
-            self.close("client_closed")
+        else:  # a reset or a broken pipe is how many clients hang up: not an error
+            self.close("client_closed", detail=str(exc) if exc is not None else None)
 
     def pause_writing(self) -> None:  # client is slow: stop reading the broker
         self.ctx.stats.backpressure["client_slow"] += 1

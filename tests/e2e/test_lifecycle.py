@@ -223,3 +223,21 @@ def test_sigterm_ends_a_drained_connection_with_fin_not_rst(
     events = own_proxy.events()
     assert [e["reason"] for e in events if e.get("event") == "connection_closed"
             and e.get("client") == me] in ([], ["shutdown"])
+
+
+def test_a_client_that_resets_is_an_ordinary_close(proxy: ProxyProcess) -> None:
+    """A client hanging up with RST (broken pipe, reset) is logged as client_closed at debug,
+    not as an error."""
+    import struct
+
+    with KafkaWire("127.0.0.1", proxy.bootstrap_port) as wire:
+        assert int(wire.request(18, 0).error_code) == 0
+        port = wire.sock.getsockname()[1]
+        wire.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    mine = f"127.0.0.1:{port}"
+
+    def closed() -> list[dict[str, object]]:
+        return [e for e in proxy.closed_connections() if e.get("client") == mine]
+
+    events = wait_for(closed, 10, what="the close logged")
+    assert [(e["reason"], e["level"]) for e in events] == [("client_closed", "debug")], events
