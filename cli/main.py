@@ -261,13 +261,25 @@ def build_parser() -> argparse.ArgumentParser:
     qsub = q.add_subparsers(dest="quotas_command", required=True, metavar="COMMAND")
     config_help = ("YAML file with a quotas: section: a file with only quotas: is enough, or "
                    "a full proxy configuration (then validated whole)")
-    p = qsub.add_parser("resolve", help="which quota entity and limits apply to a user/client-id")
+    p = qsub.add_parser(
+        "resolve", help="which quota entity and limits apply to a user/client-id",
+        description="Print which configured quota entity applies to a user (principal, as the "
+        "proxy names it: mTLS subject after the mapping rules, SASL user, or ANONYMOUS) and a "
+        "client-id, by Kafka's 8-level precedence, with the limits that apply.")
     p.add_argument("--config", required=True, metavar="FILE", help=config_help)
     p.add_argument("--user", default="ANONYMOUS", help="principal name (default ANONYMOUS)")
     p.add_argument("--client-id", default="", dest="client_id")
     p.set_defaults(func=_cmd_quotas_resolve)
-    p = qsub.add_parser("simulate", help="run JSON-lines events through the quota engine and "
-                        "print each record's throttle time")
+    p = qsub.add_parser(
+        "simulate", help="run JSON-lines events through the quota engine and print each "
+        "record's throttle time",
+        description="Record events into the proxy's own quota engine and print, per event, "
+        "the throttle it gets, the entity whose budget it went to and that budget's limit (JSON "
+        "lines). Each input line is a JSON object in time order: {\"t_ms\": 0, \"user\": "
+        "\"alice\", \"client_id\": \"app\", \"quota\": \"produce\"|\"fetch\"|\"request\", "
+        "\"value\": bytes, or milliseconds of request time}; user defaults to ANONYMOUS and "
+        "client_id to \"\". A line {\"t_ms\": ..., \"alter\": {\"entity\": {...}, \"set\": "
+        "{...}, \"remove\": [...]}} changes the quotas from then on.")
     p.add_argument("--config", required=True, metavar="FILE", help=config_help)
     p.add_argument("--events", required=True, metavar="FILE", help="JSON lines, or - for stdin")
     p.set_defaults(func=_cmd_quotas_simulate)

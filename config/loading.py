@@ -164,11 +164,17 @@ def _parse(text: str, source: str, model: type[_M]) -> _M:
     if not isinstance(data, dict):
         raise ConfigError([f"{source}:1:1: the configuration must be a YAML mapping"])
 
+    reported: list[tuple[int, int, int, str]] = []  # in line order when raised
+
     def report(loc: tuple[Any, ...], msg: str) -> None:
         mark = mark_for(loc, marks)
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
         dotted = ".".join(str(p) for p in loc) or "(top level)"
-        errors.append(f"{where}: {dotted}: {msg}")
+        line, col = (mark.line, mark.column) if mark else (-1, -1)
+        reported.append((line, col, len(reported), f"{where}: {dotted}: {msg}"))
+
+    def in_line_order() -> list[str]:
+        return [text for *_, text in sorted(reported)]
 
     try:
         config = model.model_validate(data)
@@ -183,15 +189,15 @@ def _parse(text: str, source: str, model: type[_M]) -> _M:
             elif err["type"] == "missing":
                 msg = "required field is missing"
             report(loc, msg)
-        raise ConfigError(errors) from None
+        raise ConfigError(in_line_order()) from None
     if isinstance(config, ProxyConfig):
         for loc, msg in cross_checks(config):
             report(loc, msg)
     elif isinstance(config, QuotasFile):
         for loc, msg in quota_checks(config.quotas):
             report(loc, msg)
-    if errors:
-        raise ConfigError(errors)
+    if reported:
+        raise ConfigError(in_line_order())
     return config
 
 

@@ -19,5 +19,29 @@ def summarize(config: ProxyConfig) -> str:
         "fetch routing      : "
         + (f"{config.racks.selector} (proxy rack {config.racks.proxy_rack or 'unset'}, "
            f"{len(config.racks.clients)} client rules)" if config.racks else "off"),
+        "capture            : "
+        + (f"{config.capture.dir} (rotate at {config.capture.rotate_mb:g} MB or "
+           f"{config.capture.rotate_seconds:g} s)" if config.capture else "off"),
+        "storage throttling : "
+        + (f"topic {config.storage.topic}, hard limit {config.storage.hard.type} "
+           f"{config.storage.hard.level:g}, when data is missing {config.storage.on_missing}"
+           if config.storage else "off"),
     ]
+    for name, kind in config.listeners.kinds():
+        security = kind.security
+        what: str = security.protocol
+        if security.tls is not None:
+            what += f", client certificates {security.tls.client_auth}"
+        if security.uses_sasl:
+            what += f", SASL {security.sasl.mode}"
+        if security.proxy_protocol != "none":
+            what += f", PROXY protocol {security.proxy_protocol}"
+        label = "listeners" if name is None else f"listener {name}"
+        extra = "" if name is None else f" (bootstrap {kind.bootstrap}, ports {kind.broker_ports})"
+        lines.append(f"{label:<19}: {what}{extra}")
+    upstream = config.upstream
+    lines.append("upstream security  : "
+                 + ("TLS" if upstream.tls else "plaintext")
+                 + (f", SASL {upstream.sasl.mechanism} as {upstream.sasl.username}"
+                    if upstream.sasl else ""))
     return "\n".join(lines)

@@ -245,3 +245,17 @@ def test_help_says_a_quota_only_file_is_enough(command: str) -> None:
     proc = _cli("quotas", command, "--help")
     assert proc.returncode == 0, proc.stderr
     assert "only quotas:" in " ".join(proc.stdout.split())
+
+
+@pytest.mark.parametrize(("command", "fragment"), [
+    ("resolve", "8-level precedence"),
+    ("simulate", '"quota": "produce"|"fetch"|"request"'),
+])
+def test_subcommand_help_says_what_it_does(command: str, fragment: str,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from cli.main import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["quotas", command, "--help"])
+    assert exit_info.value.code == 0
+    assert fragment in " ".join(capsys.readouterr().out.split())

@@ -495,13 +495,41 @@ def test_several_errors_are_all_reported_with_their_lines() -> None:
           connect_timeout_seconds: -1
         """)
     errors = errors_of(text)
-    assert sorted(errors) == sorted([
+    assert errors == [  # in the order of the file
         f"{SOURCE}:2:3: listeners.bootstrap: expected \"host:port\", got 'localhost'",
         f"{SOURCE}:4:3: listeners.broker_ports: port range 9300-9200 must satisfy "
         "1 <= first <= last <= 65535",
         f"{SOURCE}:5:3: listeners.colour: unknown key",
         f"{SOURCE}:8:3: upstream.connect_timeout_seconds: Input should be greater than 0",
-    ])
+    ]
+
+
+def test_errors_come_in_the_order_of_the_file() -> None:
+    """Sections written in another order than the schema's: the errors follow the file."""
+    text = textwrap.dedent("""\
+        upstream:
+          bootstrap_servers: ["127.0.0.1:9092"]
+          connect_timeout_seconds: -1
+        listeners:
+          bootstrap: "localhost"
+          advertised_host: "127.0.0.1"
+          broker_ports: "9193-9292"
+        """)
+    assert [line.split(":")[1] for line in errors_of(text)] == ["3", "5"]
+
+
+def test_summary_names_every_section() -> None:
+    from config.summary import summarize
+
+    summary = summarize(load_config(DEPLOY / "config.example.yaml"))
+    for fragment in ("capture            : /var/lib/kafka-quota-proxy/capture",
+                     "storage throttling : topic __kafka_quota_proxy_volumes",
+                     "listeners          : SASL_SSL, client certificates requested, SASL inspect",
+                     "listener INTERNAL  : PLAINTEXT (bootstrap 0.0.0.0:9392",
+                     "upstream security  : TLS, SASL SCRAM-SHA-512 as kafka-quota-proxy"):
+        assert fragment in summary, summary
+    minimal = summarize(parse_config(BASE, SOURCE))
+    assert "capture            : off" in minimal and "storage throttling : off" in minimal
 
 
 def test_load_config_missing_file(tmp_path: Path) -> None:
