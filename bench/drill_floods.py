@@ -16,9 +16,9 @@ good clients move keyed messages through the proxy.
    cut in the middle of a value, renamed away (and back), empty, deleted, nested 5,000 deep
    and an alias bomb, each followed by a valid file with a changed quota; the file watcher
    and SIGHUP both trigger reloads. Every bad file must be counted as a failed reload and
-   change nothing, every valid one must be applied (``kafka_proxy_quota_entity_limit`` shows
-   the new quota), the watcher must still apply the last edit, and the alias bomb must not
-   move the proxy's memory.
+   change nothing, every valid one must be applied
+   (``kafka_proxy_quota_entity_bytes_per_second_limit`` shows the new quota), the watcher
+   must still apply the last edit, and the alias bomb must not move the proxy's memory.
 
 Throughout: every acknowledged message of the good clients consumed exactly once, no
 traceback in the proxy's log, no "Too many open files".
@@ -461,7 +461,8 @@ def _bad_files(valid: str) -> list[tuple[str, str | None, str]]:
 
 
 def _good_limits(m: dict[str, float]) -> list[float]:
-    return [v for k, v in m.items() if k.startswith("kafka_proxy_quota_entity_limit{")
+    limit = "kafka_proxy_quota_entity_bytes_per_second_limit{"
+    return [v for k, v in m.items() if k.startswith(limit)
             and f'client_id="{GOOD}"' in k and 'quota="produce"' in k]
 
 

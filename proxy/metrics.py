@@ -110,7 +110,7 @@ def _open_fds() -> int:
         return -1
 
 
-def family(kind: Any, name: str, doc: str, label: str, values: dict[str, int]) -> Any:
+def family(kind: Any, name: str, doc: str, label: str, values: dict[str, Any]) -> Any:
     family = kind(name, doc, labels=[label])
     for key, value in values.items():
         family.add_metric([key], value)
@@ -118,24 +118,37 @@ def family(kind: Any, name: str, doc: str, label: str, values: dict[str, int]) -
 
 
 def _entity_families(rows: list[EntityRow]) -> Iterator[Any]:
+    """Per busiest budget; one unit per metric (Prometheus conventions): byte rates and
+    request-time percentages are different metrics, times are in seconds."""
     labels = ["broker", "quota", "user", "client_id"]
-    rate = GaugeMetricFamily("kafka_proxy_quota_entity_rate",
-                             "Measured rate of the busiest quota budgets (bytes/s, or % of a "
-                             "thread)", labels=labels)
-    limit = GaugeMetricFamily("kafka_proxy_quota_entity_limit",
-                              "Quota of the busiest budgets (absent: unlimited)", labels=labels)
+    byte_rate = GaugeMetricFamily(
+        "kafka_proxy_quota_entity_bytes_per_second",
+        "Measured byte rate of the busiest produce and fetch quota budgets", labels=labels)
+    byte_limit = GaugeMetricFamily(
+        "kafka_proxy_quota_entity_bytes_per_second_limit",
+        "Byte-rate quota of the busiest produce and fetch budgets (absent: unlimited)",
+        labels=labels)
+    percent = GaugeMetricFamily(
+        "kafka_proxy_quota_entity_request_percentage",
+        "Measured request time of the busiest request-quota budgets, in % of one thread",
+        labels=labels)
+    percent_limit = GaugeMetricFamily(
+        "kafka_proxy_quota_entity_request_percentage_limit",
+        "Request quota of the busiest budgets, in % of one thread (absent: unlimited)",
+        labels=labels)
     throttled = CounterMetricFamily("kafka_proxy_quota_entity_throttled_requests",
                                     "Throttled requests of the busiest budgets", labels=labels)
-    throttle_ms = CounterMetricFamily("kafka_proxy_quota_entity_throttle_time_ms",
-                                      "Throttle time of the busiest budgets", labels=labels)
+    throttle_s = CounterMetricFamily("kafka_proxy_quota_entity_throttle_seconds",
+                                     "Throttle time of the busiest budgets", labels=labels)
     for broker, quota, user, client, r, bound, n, ms in rows:
         values = [broker, quota, user, client]
-        rate.add_metric(values, r)
+        request = quota == "request"
+        (percent if request else byte_rate).add_metric(values, r)
         if bound is not None:
-            limit.add_metric(values, bound)
+            (percent_limit if request else byte_limit).add_metric(values, bound)
         throttled.add_metric(values, n)
-        throttle_ms.add_metric(values, ms)
-    yield from (rate, limit, throttled, throttle_ms)
+        throttle_s.add_metric(values, ms / 1000.0)
+    yield from (byte_rate, byte_limit, percent, percent_limit, throttled, throttle_s)
 
 
 class _Collector(Collector):
@@ -204,8 +217,9 @@ class _Collector(Collector):
         yield family(CounterMetricFamily, "kafka_proxy_quota_throttled_requests",
                       "Requests throttled, by the quota that throttled them", "quota",
                       s.throttled)
-        yield family(CounterMetricFamily, "kafka_proxy_quota_throttle_time_ms",
-                      "Throttle time imposed, by quota", "quota", s.throttle_ms)
+        yield family(CounterMetricFamily, "kafka_proxy_quota_throttle_seconds",
+                      "Throttle time imposed, by quota", "quota",
+                      {k: v / 1000.0 for k, v in s.throttle_ms.items()})
         yield family(CounterMetricFamily, "kafka_proxy_config_reloads",
                       "Configuration reloads, by result", "result", s.reloads)
         yield family(CounterMetricFamily, "kafka_proxy_tls_reloads",

@@ -132,7 +132,7 @@ def test_producer_quota_is_enforced_and_reported(quota_proxy: ProxyProcess) -> N
     metrics = quota_proxy.metrics()
     assert metrics['kafka_proxy_quota_throttled_requests_total{quota="produce"}'] > 0
     labels = 'broker="111",client_id="limited-producer",quota="produce",user=""'
-    assert metrics[f"kafka_proxy_quota_entity_limit{{{labels}}}"] == QUOTA
+    assert metrics[f"kafka_proxy_quota_entity_bytes_per_second_limit{{{labels}}}"] == QUOTA
 
     # Every acknowledged message is in the topic exactly once.
     keys = [k for _, _, k in limited.delivered] + [k for _, _, k in free.delivered]
@@ -205,7 +205,8 @@ def test_hot_reload_lowers_a_running_clients_rate(quota_proxy: ProxyProcess) -> 
         labels = 'broker="111",client_id="limited-producer",quota="produce",user=""'
 
         def rate() -> float:
-            return quota_proxy.metrics().get(f"kafka_proxy_quota_entity_rate{{{labels}}}", 0.0)
+            return quota_proxy.metrics().get(
+                f"kafka_proxy_quota_entity_bytes_per_second{{{labels}}}", 0.0)
 
         wait_for(lambda: rate() > 0.8 * QUOTA, 30, interval=0.2, what="client at its quota")
         # A broken file: logged, counted, nothing changes.
@@ -214,13 +215,14 @@ def test_hot_reload_lowers_a_running_clients_rate(quota_proxy: ProxyProcess) -> 
         wait_for(lambda: quota_proxy.metrics().get(
             'kafka_proxy_config_reloads_total{result="failure"}', 0) >= 1, 20,
             what="failed reload counted")
-        assert quota_proxy.metrics()[f"kafka_proxy_quota_entity_limit{{{labels}}}"] == QUOTA
+        limit = f"kafka_proxy_quota_entity_bytes_per_second_limit{{{labels}}}"
+        assert quota_proxy.metrics()[limit] == QUOTA
         # Lower the quota to a fifth: the running client is held to it once the samples
         # recorded under the old quota have aged out of the window (11 windows).
         quota_proxy.config_path.write_text(good.replace(f"producer_byte_rate: {QUOTA}",
                                                         f"producer_byte_rate: {QUOTA // 5}"))
         wait_for(lambda: quota_proxy.metrics().get(
-            f"kafka_proxy_quota_entity_limit{{{labels}}}") == QUOTA // 5, 20,
+            f"kafka_proxy_quota_entity_bytes_per_second_limit{{{labels}}}") == QUOTA // 5, 20,
             what="new limit live")
         changed = time.monotonic()
         wait_for(lambda: time.monotonic() > changed + 13, 20, interval=0.5,

@@ -330,7 +330,7 @@ def test_mtls_principals_from_mapping_rules_and_bad_certificates(secured: Any,
     _kafka_python_roundtrip(s, topic, "kp", None, cert=alice)
     metrics = s.proxy.metrics()
     users = {k.split('user="')[1].split('"')[0] for k in metrics
-             if k.startswith("kafka_proxy_quota_entity_rate{")}
+             if k.startswith("kafka_proxy_quota_entity_bytes_per_second{")}
     assert {"alice", "bob"} <= users, users  # the rule's $1, lower-cased
     # a certificate from another CA: the handshake fails, one connection closes with a reason
     stranger = Certs(tmp_path, "stranger").client("mallory")
@@ -423,7 +423,7 @@ def test_wrong_password_and_unauthenticated_requests_reach_no_budget(secured: An
              and _closed(s.proxy, "sasl_out_of_order"), 10, what="both closes logged")
     metrics = s.proxy.metrics()
     users = {k.split('user="')[1].split('"')[0] for k in metrics
-             if k.startswith("kafka_proxy_quota_entity_rate{")}
+             if k.startswith("kafka_proxy_quota_entity_bytes_per_second{")}
     assert not users & {"alice", "bob"}, users
     assert not _authenticated(s.proxy)
 
@@ -489,7 +489,7 @@ def test_per_user_quotas_hold_for_two_users_whatever_their_client_id(secured: An
     metrics = s.proxy.metrics()
     for user, quota in (("alice", alice_q), ("bob", bob_q)):
         labels = f'broker="111",client_id="",quota="produce",user="{user}"'
-        assert metrics[f"kafka_proxy_quota_entity_limit{{{labels}}}"] == quota
+        assert metrics[f"kafka_proxy_quota_entity_bytes_per_second_limit{{{labels}}}"] == quota
 
 
 def test_kip368_reauthentication_keeps_the_connection(secured: Any) -> None:
