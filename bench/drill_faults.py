@@ -154,13 +154,18 @@ class FaultTraffic(GoodTraffic):
     def _produce(self) -> None:
         from confluent_kafka import KafkaError, KafkaException
 
-        def replace(producer: Any, exc: KafkaException | None) -> Any:
-            if exc is not None:
-                if not (exc.args[0].fatal() or exc.args[0].code() == KafkaError._FATAL):
+        def replace(producer: Any, exc: Exception | None) -> Any:
+            if isinstance(exc, SystemError):
+                # confluent-kafka can surface a fatal producer's pending error this way ("a
+                # result with an exception set") from poll or flush: fatal all the same
+                self.fatal.append(repr(exc))
+            elif exc is not None:
+                error = exc.args[0]
+                if not (error.fatal() or error.code() == KafkaError._FATAL):
                     raise exc
-                self.fatal.append(str(exc.args[0]))
-            producer.purge()
-            with contextlib.suppress(KafkaException):
+                self.fatal.append(str(error))
+            with contextlib.suppress(KafkaException, SystemError):
+                producer.purge()
                 producer.flush(10)  # serves the purged messages' delivery reports
             return self._new_producer()
 
@@ -169,7 +174,7 @@ class FaultTraffic(GoodTraffic):
         while not self._stop.is_set():
             try:
                 self._send_due(producer, start)
-            except KafkaException as exc:
+            except (KafkaException, SystemError) as exc:
                 producer = replace(producer, exc)
             if self._wedged(producer):
                 self.unwedged += 1
@@ -180,7 +185,7 @@ class FaultTraffic(GoodTraffic):
             try:
                 self.unsettled = producer.flush(max(deadline - time.monotonic(), 0))
                 break
-            except KafkaException as exc:
+            except (KafkaException, SystemError) as exc:
                 producer = replace(producer, exc)
         if self.unsettled:
             producer.purge()
