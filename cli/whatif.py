@@ -3,6 +3,7 @@ code the proxy runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Iterable, Iterator
@@ -67,8 +68,7 @@ def _alter(settings: QuotaSettings, change: Any, line: int) -> QuotaSettings:
         entities[key] = current
     else:
         entities.pop(key, None)
-    return QuotaSettings(settings.samples, settings.window_ms, settings.cap_byte_rate_throttle,
-                         entities)
+    return dataclasses.replace(settings, entities=entities)
 
 
 def simulate(quotas: QuotasConfig, events: Iterable[str]) -> Iterator[dict[str, Any]]:

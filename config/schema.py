@@ -26,6 +26,7 @@ from protocol.framing import DEFAULT_MAX_FRAME_BYTES
 from quota.entities import DEFAULT, DEFAULT_NAME, EntityKey, Name, QuotaType
 from quota.manager import QuotaSettings
 from quota.replay import settings_from_section
+from quota.request_time import DEFAULT_BASE_US, DEFAULT_PER_KIB_US
 from quota.storage import Limit, LimitType, StoragePolicy
 from quota.storage import State as StorageState
 from routing.client_rack import ClientRacks, RackRule
@@ -264,8 +265,23 @@ class QuotaEntityConfig(_Model):
         }
 
 
+class RequestTimeConfig(_Model):
+    """What a request costs a request quota: the proxy's own time on it plus this estimate of
+    the broker's thread time (``quota.request_time``); never the time it waits."""
+
+    base_us: float = Field(
+        default=DEFAULT_BASE_US, ge=0, le=1_000_000,
+        description="Broker thread time charged per request (microseconds).",
+    )
+    per_kib_us: float = Field(
+        default=DEFAULT_PER_KIB_US, ge=0, le=1_000_000,
+        description="Broker thread time charged per KiB of request and response (microseconds).",
+    )
+
+
 class QuotasConfig(_Model):
     window: QuotaWindowConfig = QuotaWindowConfig()
+    request_time: RequestTimeConfig = RequestTimeConfig()
     cap_byte_rate_throttle: bool = Field(
         default=False,
         description="Bound byte-rate throttles at one window, like request-time throttles "

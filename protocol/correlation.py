@@ -28,6 +28,7 @@ class InFlight:
         "follower",
         "forwarded_at",
         "partitions",
+        "proxy_ms",
         "quota_reservation",
         "recorded",
         "request_size",
@@ -61,6 +62,9 @@ class InFlight:
         # never recorded in a quota, never captured
         self.exempt = False
         self.forwarded_at: float = 0.0  # when the request was forwarded (perf_counter seconds)
+        # the I/O layer's own time reading and forwarding it (ms; what a request quota charges
+        # besides the broker's estimated work: ``quota.request_time``)
+        self.proxy_ms = 0.0
         # what the request holds of a quota budget until its response starts (pipelining)
         self.quota_reservation: Any = None
         self.recorded: Any = None  # what the quotas recorded for it (``proxy.filters.quotas``)

@@ -104,6 +104,10 @@ class ProxiedConnection(asyncio.Protocol):
         self.last_active = _clock()
         self.frame_started: float | None = None
         self._finishing = False  # draining: answered, FIN sent, what comes is discarded
+        # The proxy's time on requests (``data_received``): those the current read completed,
+        # and the time spent so far on a frame still arriving.
+        self._read_now: list[InFlight] = []
+        self._reading_ms = 0.0
 
     @property
     def peer(self) -> str:
@@ -232,6 +236,24 @@ class ProxiedConnection(asyncio.Protocol):
         return serial
 
     def data_received(self, data: bytes) -> None:
+        """Read requests, and time it: the proxy's own time on a request is part of what a
+        request quota charges for it (``quota.request_time``). A read's time is shared by the
+        requests it completed; a read that completed none (a frame still arriving) passes its
+        time on to the frame's request."""
+        started = _now()
+        self._read_requests(data)
+        work = self._reading_ms + (_now() - started) * 1000.0
+        read = self._read_now
+        if read:
+            share = work / len(read)
+            for entry in read:
+                entry.proxy_ms += share
+            read.clear()
+            self._reading_ms = 0.0
+        else:
+            self._reading_ms = work if self.requests.mid_frame else 0.0
+
+    def _read_requests(self, data: bytes) -> None:
         if self._finishing:  # sent after draining began: never answered (the client saw FIN)
             return
         now = self.last_active = _clock()
@@ -332,6 +354,7 @@ class ProxiedConnection(asyncio.Protocol):
             now = _now()
             self.client.client_id = events[-1].client_id or ""
             request_hooks = chain.request
+            self._read_now += events
             for entry in events:
                 entry.forwarded_at = now
                 key = entry.api_key

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # the key of the schema version in each file's metadata
 SCHEMA_VERSION_KEY = "kafka_quota_proxy.capture_schema_version"
 
@@ -28,7 +28,10 @@ class CaptureRow(NamedTuple):
     request_bytes: int  # whole frame, size prefix included
     response_bytes: int  # as the broker sent it; -1: no response (acks=0)
     duration_us: int  # request forwarded -> response started; -1: no response
-    request_time_ms: float  # what the request quota recorded (0: exempt)
+    # v3: what the request costs a request quota (``quota.request_time``: the proxy's own time
+    # on it plus the broker estimate), for every answered request; before v3 it was the round
+    # trip, and 0 where no request quota was configured
+    request_time_ms: float
     follower: bool  # a replica's fetch (quota-exempt)
     throttle_produce_ms: int
     throttle_fetch_ms: int

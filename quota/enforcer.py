@@ -83,6 +83,10 @@ class QuotaEnforcer:
         for m in self.managers.values():
             m.update(settings)
 
+    def request_time_ms(self, request_bytes: int, response_bytes: int, proxy_ms: float) -> float:
+        """What a request costs a request quota (``quota.request_time``)."""
+        return self.settings.request_time.charge_ms(request_bytes, response_bytes, proxy_ms)
+
     def storage_exempt(self, user: str, client_id: str) -> bool:
         """Never throttled by storage (``storage.exempt_users`` / ``exempt_client_ids``)."""
         return self.storage.exempt(user, client_id)

@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from quota.entities import EntityKey, QuotaType, Resolution, Tags, quota_limit, resolve
+from quota.request_time import RequestTimeModel
 from quota.sampled import SampledRate
 from quota.throttle import java_round, throttle_time_ms
 
@@ -33,6 +34,8 @@ class QuotaSettings:
     # Kafka bounds request-time throttles at one window and leaves byte-rate throttles unbounded.
     cap_byte_rate_throttle: bool = False
     entities: Mapping[EntityKey, Mapping[QuotaType, float]] = field(default_factory=dict)
+    # what a request costs a request quota (``quota.request_time``)
+    request_time: RequestTimeModel = field(default_factory=RequestTimeModel)
 
     def for_type(self, quota_type: QuotaType) -> dict[EntityKey, float]:
         return {k: v[quota_type] for k, v in self.entities.items() if quota_type in v}

@@ -21,6 +21,7 @@ from typing import Any
 from quota.entities import DEFAULT, DEFAULT_NAME, EntityKey, Name, QuotaType
 from quota.manager import ONE_HOUR_MS, QuotaManager, QuotaSettings
 from quota.recording import record_request
+from quota.request_time import RequestTimeModel
 
 EXPIRE_EVERY_MS = 60_000  # the proxy's idle-sensor expiry loop
 
@@ -44,6 +45,7 @@ def settings_from_section(section: Mapping[str, Any]) -> QuotaSettings:
         window_ms=int(float(window.get("size_seconds", 1)) * 1000),
         cap_byte_rate_throttle=bool(section.get("cap_byte_rate_throttle", False)),
         entities=entities,
+        request_time=RequestTimeModel(**(section.get("request_time") or {})),
     )
 
 
@@ -145,6 +147,7 @@ def replay_rows(rows: Iterable[Row], settings: QuotaSettings | Callable[[int], Q
     manager: QuotaManager | None = None
     generation = 0
     produce_on = fetch_on = request_on = False
+    model = RequestTimeModel()
     produce: list[int] = []
     fetch: list[int] = []
     request: list[int] = []
@@ -152,14 +155,15 @@ def replay_rows(rows: Iterable[Row], settings: QuotaSettings | Callable[[int], Q
     PRODUCE, FETCH, REQUEST = QuotaType.PRODUCE, QuotaType.FETCH, QuotaType.REQUEST
 
     def configure(s: QuotaSettings) -> None:
-        nonlocal produce_on, fetch_on, request_on
+        nonlocal produce_on, fetch_on, request_on, model
+        model = s.request_time
         produce_on = bool(s.for_type(PRODUCE))
         fetch_on = bool(s.for_type(FETCH))
         request_on = bool(s.for_type(REQUEST))
 
     next_expiry = 0
     scale: float | None = None
-    for (now, user, cid, api_key, request_bytes, response_bytes, duration_us, request_time,
+    for (now, user, cid, api_key, request_bytes, response_bytes, _duration_us, request_time,
          follower, gen, storage_scale) in rows:
         if manager is None:
             generation = gen
@@ -187,8 +191,9 @@ def replay_rows(rows: Iterable[Row], settings: QuotaSettings | Callable[[int], Q
         if now >= next_expiry:
             manager.expire(now)
             next_expiry = now + EXPIRE_EVERY_MS
-        # (captures before request_time_ms was exact: the duration instead)
-        elapsed = request_time if request_time > 0 else duration_us / 1000.0
+        # (captures before schema v3 hold 0 where no request quota was on: the estimate)
+        elapsed = (request_time if request_time > 0
+                   else model.broker_ms(request_bytes, response_bytes))
         p, f, q = record_request(manager, user, cid, api_key, request_bytes, response_bytes,
                                  follower, elapsed, now, scale, produce_on or scale is not None,
                                  fetch_on, request_on)

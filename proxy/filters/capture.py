@@ -71,9 +71,16 @@ class CaptureFilter(Filter):
         """The row of a request whose quotas were just recorded (``elapsed_ms`` < 0: it has
         no response)."""
         answered = elapsed_ms >= 0
-        _, request_time, produce_ms, fetch_ms, request_ms = entry.recorded or _NOT_RECORDED
         client = self.client
         quotas = self.quotas
+        recorded = entry.recorded
+        if recorded is not None:
+            _, request_time, produce_ms, fetch_ms, request_ms = recorded
+        else:  # no quota is active: what a request quota would charge, for the replays
+            _, request_time, produce_ms, fetch_ms, request_ms = _NOT_RECORDED
+            if answered and not entry.follower:
+                request_time = quotas.request_time_ms(entry.request_size, entry.response_size,
+                                                      entry.proxy_ms)
         is_produce = entry.api_key == _PRODUCE
         row = CaptureRow(
             run=self.capture.run,

@@ -62,7 +62,8 @@ class QuotaFilter(Filter):
         - produce: while the rate, counting the requests in flight as if already recorded,
           is below the quota (so a queued burst cannot get past the first throttle);
         - fetch: while no consumer Fetch is in flight (its response size is unknown);
-        - request time: never (pipelined requests would wait on each other and overcount).
+        - request time: never (as a Kafka broker, which reads one request per connection at
+          a time: each throttle lands before the next request is read).
         """
         limits = self.limited
         if QuotaType.REQUEST in limits:
@@ -135,13 +136,14 @@ class QuotaFilter(Filter):
         if not quotas.active or entry.exempt:  # (Kafka's authenticator records nothing)
             return
         client = self.client
-        request_on = quotas.enabled(QuotaType.REQUEST)
+        # the request's work, never its waiting (``quota.request_time``)
+        request_time = 0.0 if entry.follower else quotas.request_time_ms(
+            entry.request_size, entry.response_size, entry.proxy_ms)
         produce, fetch, request = record_request(
             quotas.manager(client.scope), client.user, entry.client_id or "", entry.api_key,
-            entry.request_size, entry.response_size, entry.follower, elapsed_ms, now_ms,
+            entry.request_size, entry.response_size, entry.follower, request_time, now_ms,
             entry.storage_scale, quotas.enabled(QuotaType.PRODUCE),
-            quotas.enabled(QuotaType.FETCH), request_on)
-        request_time = elapsed_ms if request_on and not entry.follower else 0.0
+            quotas.enabled(QuotaType.FETCH), quotas.enabled(QuotaType.REQUEST))
         entry.recorded = (now_ms, request_time, produce, fetch, request)
         if produce:
             propose_throttle(entry, produce, QuotaType.PRODUCE)

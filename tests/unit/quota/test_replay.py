@@ -55,7 +55,7 @@ def test_a_burst_over_quota_is_throttled_and_other_types_are_not_recorded() -> N
 
 def test_follower_fetches_and_acks0_are_exempt_as_in_the_proxy() -> None:
     settings = QuotaSettings(entities={EntityKey(None, "c"): {QuotaType.FETCH: 1.0,
-                                                              QuotaType.REQUEST: 0.001}})
+                                                              QuotaType.REQUEST: 0.0001}})
     out = list(replay([req(1, 0, api_key=1, response=10_000, follower=True),
                        req(2, 1, api_key=0, response=-1),  # acks=0: no request time
                        req(3, 2, api_key=1, response=10_000)], settings))
