@@ -306,7 +306,10 @@ class ProxiedConnection(asyncio.Protocol):
     def _intercepted(self, data: bytes) -> None:
         """``data_received`` until the client has authenticated with the proxy."""
         f = self._interceptor
-        if self.closed or f is None:
+        if self.closed:
+            return
+        if f is None:  # authenticated: uvloop keeps calling the bound method it was given
+            ProxiedConnection.data_received(self, data)
             return
         try:
             result = f.intercept(data)

@@ -364,6 +364,20 @@ def test_sasl_ssl_plain_and_scram_three_clients(secured: Any) -> None:
     assert oauth_logins and {e["principal"] for e in oauth_logins} == {"bob"}
 
 
+def test_sasl_termination_over_plaintext(secured: Any) -> None:
+    """SASL_PLAINTEXT with termination: the connection goes on reading after the proxy has
+    authenticated the client (uvloop calls the protocol's data_received as it was when the
+    connection was made, not as the connection changes it)."""
+    own = {"bob": "bob-proxy-pw"}
+    s: Secured = secured("SASL_PLAINTEXT", sasl=True, terminate=own)
+    bob = {**_rdkafka(s, user="bob", mechanism="SCRAM-SHA-256", password=own["bob"]),
+           "security.protocol": "SASL_PLAINTEXT"}
+    topic = _topic(bob)
+    _rdkafka_roundtrip(bob, topic, "rdplainterm")
+    logins = [e for e in s.proxy.events() if e.get("event") == "client_authenticated"]
+    assert logins and {e["principal"] for e in logins} == {"bob"}
+
+
 def test_sasl_termination_three_clients_and_credentials_reload(secured: Any) -> None:
     """The proxy authenticates bob and carol itself (the broker knows neither) and reaches the
     broker as alice, its own identity; a wrong password never reaches the broker; a user
