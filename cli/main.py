@@ -145,13 +145,17 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         return 1
     try:
         from spark_jobs.main import run
+        from spark_jobs.tune import TuneOptions
     except ImportError as exc:
         print(f"replay needs the spark extra (pip install 'kafka-quota-proxy[spark]'): {exc}",
               file=sys.stderr)
         return 1
     try:
+        options = TuneOptions(percentile=args.percentile / 100.0,
+                              min_minutes=args.min_minutes, broker_threads=args.broker_threads,
+                              total_budget=args.total_budget, headroom=args.headroom)
         facts = run(args.capture, args.out, quotas.model_dump(exclude_none=True),
-                    master=args.master, tune=args.tune)
+                    master=args.master, tune=args.tune, options=options)
     except (FileNotFoundError, KeyError, ValueError) as exc:
         print(f"kafka-quota-proxy replay: {exc}", file=sys.stderr)
         return 1
@@ -180,7 +184,7 @@ def _write_recommended_config(config_path: str, out: Path) -> None:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from demo.run import run_demo
 
-    return run_demo(seconds=args.seconds, messages_per_second=args.rate)
+    return run_demo(seconds=args.seconds, out_dir=args.out, replay=args.replay)
 
 
 def _cmd_credentials_add(args: argparse.Namespace) -> int:
@@ -246,16 +250,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "demo",
-        help="start a local tansu broker and the proxy, run a producer "
-        "and a consumer through it, and show per-client rates",
+        help="start a local tansu broker and the proxy with quotas, run producers and "
+        "consumers as three users through it, show their rates, quotas and throttles live, "
+        "reload a quota half-way, then replay the capture and recommend quotas",
     )
     p.add_argument(
         "--seconds",
         type=float,
-        default=0,
-        help="stop after this many seconds (default: run until Ctrl-C)",
+        default=60,
+        help="how long the clients run (default 60; 0: until Ctrl-C); the quota reload "
+        "happens half-way",
     )
-    p.add_argument("--rate", type=int, default=2000, help="messages per second to produce")
+    p.add_argument("--out", metavar="DIR", default="kafka-quota-proxy-demo",
+                   help="where the config, capture and report go (default "
+                   "./kafka-quota-proxy-demo, replaced on each run)")
+    p.add_argument("--no-replay", dest="replay", action="store_false",
+                   help="skip the replay and tuning at the end (they need Java 17+)")
     p.set_defaults(func=_cmd_demo)
     q = sub.add_parser("quotas", help="what-if tools over the proxy's quota engine")
     qsub = q.add_subparsers(dest="quotas_command", required=True, metavar="COMMAND")
@@ -303,7 +313,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--master", default=None, metavar="URL",
                    help="Spark master (default: local[*], or what spark-submit sets)")
     p.add_argument("--tune", action="store_true",
-                   help="recommend quotas: out/recommended.yaml, replayed in the report")
+                   help="recommend quotas: out/recommended.yaml, replayed in the report (the "
+                   "entities of --config kept, values from the capture's sustained demand)")
+    p.add_argument("--percentile", type=float, default=99.0, metavar="P",
+                   help="--tune: a budget's demand is this percentile of its per-second rate "
+                   "over the seconds with traffic in the capture's whole minutes (default 99)")
+    p.add_argument("--min-minutes", type=float, default=5, dest="min_minutes", metavar="N",
+                   help="--tune: whole minutes of data needed to set a value; with fewer, the "
+                   "live value is kept (default 5)")
+    p.add_argument("--broker-threads", type=int, default=11, dest="broker_threads",
+                   metavar="N", help="--tune: request_percentage is at most 100 x N (the "
+                   "brokers' num.network.threads + num.io.threads; default 3 + 8 = 11)")
+    p.add_argument("--total-budget", choices=("keep", "free"), default="keep",
+                   dest="total_budget",
+                   help="--tune: keep: the sum of the limits over the budgets seen stays at "
+                   "or below that of --config (default); free: no such cap")
+    p.add_argument("--headroom", type=float, default=1.5, metavar="X",
+                   help="--tune: limits are X times the demand (default 1.5)")
     p.set_defaults(func=_cmd_replay)
     return parser
 

@@ -9,39 +9,70 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
+import yaml
+
+from spark_jobs.tune import Recommendation
 
 
-def plot_rates(rates: pd.DataFrame, limits: dict[str, float | None], path: Path) -> None:
-    """Per-second rate of the top entities over time, with their quota."""
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    for cid, group in rates.groupby("client_id"):
-        g = group.sort_values("interval")
-        t = g["interval"] - rates["interval"].min()
-        line = ax.plot(t, g["rate"] / 1e6, label=str(cid), linewidth=1)[0]
-        limit = limits.get(str(cid))
-        if limit:
-            ax.axhline(limit / 1e6, color=line.get_color(), linestyle="--", linewidth=0.8)
+def plot_rates(series: pd.DataFrame, quotas: dict[str, list[tuple[str, float]]],
+               path: Path) -> None:
+    """Per-second rate of the top budgets over time (``label``, ``second``, ``value``: bytes/s
+    on the budget's busiest broker), each with its own quota lines in its colour, labelled
+    (``quotas``: label -> [(which config, limit)]; dashed, then dotted)."""
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    start = series["second"].min() if not series.empty else 0
+    for label, group in series.groupby("label", sort=False):
+        g = group.sort_values("second")
+        line = ax.plot(g["second"] - start, g["value"] / 1e6, label=f"{label} rate",
+                       linewidth=1)[0]
+        for (which, limit), style in zip(quotas.get(str(label), []), ("--", ":"),
+                                         strict=False):
+            ax.axhline(limit / 1e6, color=line.get_color(), linestyle=style, linewidth=1.2,
+                       label=f"{_budget_name(str(label))} quota ({which})")
+    if series.empty:
+        ax.text(0.5, 0.5, "no produce or fetch traffic", ha="center", va="center")
     ax.set_xlabel("seconds since the capture started")
-    ax.set_ylabel("MB/s on one broker (dashed: quota)")
-    ax.set_title("Rate vs quota, top entities")
-    ax.legend(fontsize="small")
+    ax.set_ylabel("MB/s on one broker")
+    ax.set_title("Rate vs quota, top budgets (busiest broker of each)")
+    if not series.empty:
+        ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     _save(fig, path)
 
 
-def plot_throttles(histogram: pd.DataFrame, path: Path) -> None:
-    """Throttled requests by throttle time (``bucket_ms``, ``requests``)."""
-    fig, ax = plt.subplots(figsize=(7, 4))
-    if histogram.empty:
-        ax.text(0.5, 0.5, "no request was throttled", ha="center", va="center")
+def _budget_name(label: str) -> str:
+    """``users/bob produce`` -> ``users/bob``."""
+    return label.rsplit(" ", 1)[0]
+
+
+def plot_throttles(recorded: pd.DataFrame, replayed: pd.DataFrame, path: Path,
+                   label: str) -> None:
+    """Throttled requests by throttle time (``bucket_ms``, ``requests``): as recorded by the
+    proxy, and as replayed under ``label``."""
+    fig, ax = plt.subplots(figsize=(8, 4))
+    series = [(f"recorded ({_plural(recorded)} throttled)", recorded),
+              (f"replayed: {label} ({_plural(replayed)} throttled)", replayed)]
+    if recorded.empty and replayed.empty:
+        ax.text(0.5, 0.5, "no request was throttled, recorded or replayed", ha="center",
+                va="center")
     else:
-        width = float(histogram["bucket_ms"].diff().min()) if len(histogram) > 1 else 50.0
-        ax.bar(histogram["bucket_ms"], histogram["requests"], width=width, align="edge")
+        top = max(float(h["bucket_ms"].max()) for _, h in series if not h.empty)
+        edges = np.linspace(0.0, top + 100.0, 41)  # both series on the same bins
+        for i, (name, h) in enumerate(series):
+            counts, _ = np.histogram(h["bucket_ms"], bins=edges, weights=h["requests"])
+            ax.stairs(counts, edges, label=name, color=f"C{i}", linewidth=1.5,
+                      fill=i == 0, alpha=0.35 if i == 0 else 1.0)
         ax.set_yscale("log")
+        ax.legend(fontsize="small")
     ax.set_xlabel("throttle time (ms)")
     ax.set_ylabel("throttled requests")
-    ax.set_title("Throttle distribution")
+    ax.set_title("Throttle distribution: recorded vs replayed")
     _save(fig, path)
+
+
+def _plural(histogram: pd.DataFrame) -> str:
+    return f"{int(histogram['requests'].sum()):,}" if not histogram.empty else "0"
 
 
 def plot_before_after(totals: pd.DataFrame, path: Path, label: str) -> None:
@@ -67,8 +98,12 @@ def _save(fig: Any, path: Path) -> None:
 
 
 def _cell(v: Any) -> str:
+    if v is None or (isinstance(v, float) and v != v):
+        return "—"
     if isinstance(v, float):
         return f"{v:.3f}" if abs(v) < 10 else f"{v:,.0f}"
+    if isinstance(v, int | np.integer) and not isinstance(v, bool):
+        return f"{v:,}"
     return str(v)
 
 
@@ -81,20 +116,55 @@ def _table(df: pd.DataFrame, columns: list[str], n: int = 15) -> str:
     return "\n".join(lines)
 
 
+BEFORE_AFTER = {"recorded_throttled_requests": "recorded: throttled requests",
+                "recorded_held_back_s": "recorded: held back (s)",
+                "recorded_bytes_delayed": "recorded: bytes delayed",
+                "throttled_requests": "replayed: throttled requests",
+                "held_back_s": "replayed: held back (s)",
+                "bytes_delayed": "replayed: bytes delayed"}
+
+
 def write_report(out: Path, facts: dict[str, Any], profile: pd.DataFrame,
-                 totals: pd.DataFrame, plots: dict[str, str]) -> Path:
+                 before_after: pd.DataFrame, plots: dict[str, str],
+                 recommendation: Recommendation | None = None, label: str = "",
+                 base_label: str = "") -> Path:
+    """``before_after``: per (user, client-id), ``entities`` (the quota entities whose budgets
+    it records into under the replayed config) and the ``BEFORE_AFTER`` columns."""
     lines = ["# Quota replay report", ""]
     for key, value in facts.items():
         lines.append(f"- **{key}**: {value}")
+    if recommendation is not None:
+        r = recommendation
+        lines += ["", "## Recommended quotas", "",
+                  f"Base: {base_label}. Capture: {r.whole_minutes:g} whole minutes.", "",
+                  f"**Rule.** {r.rule}", ""]
+        if r.notes:
+            lines += ["**Data.**", ""] + [f"- {n}" for n in r.notes] + [""]
+        lines += ["```yaml", yaml.safe_dump({"quotas": r.section}, sort_keys=False).rstrip(),
+                  "```", "", "Per entity (live: the base config; budgets: how many budgets of "
+                  "the capture the entity governs; demand: the sustained demand the value is "
+                  "from):", "",
+                  _table(r.entities, list(r.entities.columns), n=200), ""]
+        if not r.totals.empty:
+            lines += ["Totals per broker (the sum of each budget's limit over the budgets "
+                      "seen; demand: the sum of their demands):", "",
+                      _table(r.totals, list(r.totals.columns)), ""]
+    ordered = before_after.assign(
+        _key=before_after["recorded_held_back_s"] + before_after["held_back_s"]).sort_values(
+        "_key", ascending=False)
+    renamed = ordered.rename(columns={**BEFORE_AFTER,
+                                      "entities": f"entities ({label or 'replayed'})"})
+    lines += ["", f"## Before / after per entity (recorded vs replayed: {label})", "",
+              "Throttled requests, time held back (the largest of the three throttles) and "
+              "bytes delayed (of the requests after which the client was held back), as the "
+              "proxy recorded them and as the replay gives them.", "",
+              _table(renamed, ["user", "client_id", f"entities ({label or 'replayed'})",
+                               *BEFORE_AFTER.values()], n=40), ""]
     talkers = profile.assign(total=profile["produce_bytes"] + profile["fetch_bytes"]).sort_values(
         "total", ascending=False)
-    lines += ["", "## Top talkers", "",
+    lines += ["## Top talkers", "",
               _table(talkers, ["user", "client_id", "requests", "produce_bytes", "fetch_bytes",
                                "produce_rate_p99", "fetch_rate_p99", "request_time_share"]),
-              "", "## Replay per entity", "",
-              _table(totals.sort_values("throttle_ms", ascending=False),
-                     ["user", "client_id", "requests", "throttled_requests", "throttle_ms",
-                      "bytes_delayed", "recorded_throttled_requests", "recorded_throttle_ms"]),
               ""]
     for title, name in plots.items():
         lines += [f"## {title}", "", f"![{title}]({name})", ""]

@@ -1,0 +1,111 @@
+"""The demo's clients: librdkafka producers and consumers authenticating to the proxy as their
+users (SASL SCRAM, terminated by the proxy), each in its own thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+TOPIC = "demo-events"
+PARTITIONS = 3
+VALUE_BYTES = 1000
+
+
+@dataclass(frozen=True)
+class DemoClient:
+    client_id: str
+    user: str
+    password: str
+    role: str  # "producer" or "consumer"
+    rate: float = 0.0  # producers: bytes/s offered (0: none)
+
+    def config(self, bootstrap: str) -> dict[str, Any]:
+        return {"bootstrap.servers": bootstrap, "client.id": self.client_id,
+                "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256",
+                "sasl.username": self.user, "sasl.password": self.password}
+
+
+@dataclass
+class ClientCounters:
+    produced: int = 0
+    consumed: int = 0
+    errors: list[str] = field(default_factory=list)
+    seen: set[bytes] = field(default_factory=set)
+    duplicates: int = 0
+
+
+def produce(client: DemoClient, bootstrap: str, stop: threading.Event,
+            counters: ClientCounters) -> None:
+    """1 KB messages at ``client.rate`` bytes/s, librdkafka's defaults otherwise (acks=all,
+    idempotent), until ``stop``; then everything queued is delivered."""
+    from confluent_kafka import Producer
+
+    # A 2 MB queue (librdkafka's default holds 1 GB): what is queued when the demo stops is
+    # delivered at the producer's quota, in a second or two.
+    producer = Producer({**client.config(bootstrap), "enable.idempotence": True,
+                         "queue.buffering.max.kbytes": 2048})
+
+    def delivered(err: Any, _msg: Any) -> None:
+        if err is None:
+            counters.produced += 1
+        else:
+            counters.errors.append(str(err))
+
+    payload = b"x" * VALUE_BYTES
+    per_second = client.rate / VALUE_BYTES
+    seq = 0
+    start = time.monotonic()
+    while not stop.is_set():
+        due = int((time.monotonic() - start) * per_second)
+        while seq < due and not stop.is_set():
+            key = b"%s-%09d" % (client.client_id.encode(), seq)
+            try:
+                producer.produce(TOPIC, key=key, value=payload, on_delivery=delivered)
+            except BufferError:  # held back by its quota: the queue is full
+                producer.poll(0.05)
+                break
+            seq += 1
+        producer.poll(0.01)
+    # What is still queued is delivered (at the quota) for the exactly-once check.
+    remaining = producer.flush(60)
+    if remaining:
+        counters.errors.append(f"{remaining} messages not delivered")
+
+
+def consume(client: DemoClient, bootstrap: str, stop: threading.Event,
+            counters: ClientCounters, done: Callable[[], bool] | None = None) -> None:
+    """Read the topic from the start. ``done``: after ``stop``, read on until it says so (or
+    for 60 s): the auditing consumer catches up on everything acknowledged."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**client.config(bootstrap), "group.id": client.client_id,
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    consumer.assign([TopicPartition(TOPIC, p, 0) for p in range(PARTITIONS)])
+    try:
+        deadline = None
+        while True:
+            if stop.is_set():
+                if done is None:
+                    break
+                deadline = deadline or time.monotonic() + 60
+                if done() or time.monotonic() > deadline:
+                    break
+            for msg in consumer.consume(num_messages=1000, timeout=0.2):
+                if msg.error() is None:
+                    key = msg.key() or b""
+                    if key in counters.seen:
+                        counters.duplicates += 1
+                    counters.seen.add(key)
+                    counters.consumed += 1
+    finally:
+        consumer.close()
+
+
+def create_topic(client: DemoClient, bootstrap: str) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    admin = AdminClient(client.config(bootstrap))
+    admin.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])[TOPIC].result(timeout=30)
