@@ -90,8 +90,9 @@ def test_parser_knows_the_commands() -> None:
     parser = build_parser()
     assert parser.parse_args(["run", "--config", "x.yaml"]).config == "x.yaml"
     assert parser.parse_args(["check-config", "x.yaml"]).file == "x.yaml"
-    args = parser.parse_args(["demo", "--seconds", "1.5", "--rate", "10"])
-    assert (args.seconds, args.rate) == (1.5, 10)
+    args = parser.parse_args(["demo", "--seconds", "1.5", "--out", "d", "--no-replay"])
+    assert (args.seconds, args.out, args.replay) == (1.5, "d", False)
+    assert parser.parse_args(["demo"]).replay is True
     assert parser.parse_args(["volume-agent", "--config", "a.yaml"]).config == "a.yaml"
 
 
