@@ -35,12 +35,20 @@ def _stop_on_signals() -> asyncio.Event:
 async def _serve(config_path: str) -> int:
     from proxy import logs
     from proxy.server import StartupError, run_proxy
+    from proxy.workers import Supervisor, worker_count, worker_identity
 
     config = load_config(config_path)
-    logs.configure(config.logging.format, config.logging.level)
+    identity = worker_identity()
+    logs.configure(config.logging.format, config.logging.level,
+                   worker=identity[0] if identity else None)
     stop = _stop_on_signals()
     try:
-        await run_proxy(config, stop, config_path)
+        if identity is not None:  # one of a supervisor's workers
+            await run_proxy(config, stop, config_path, worker=identity)
+        elif (count := worker_count(config)) > 1:
+            await Supervisor(config, config_path, count).run(stop)
+        else:
+            await run_proxy(config, stop, config_path)
     except StartupError as exc:
         print(f"kafka-quota-proxy: {exc}", file=sys.stderr)
         return 1

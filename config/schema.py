@@ -493,6 +493,9 @@ class StorageConfig(_Model):
 
 
 class ProxyConfig(_Model):
+    workers: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = Field(
+        default=1, description="Processes serving the listeners together (SO_REUSEPORT): a "
+        "number, or auto (the cores available). Needs a restart to change.")
     listeners: ListenersConfig
     upstream: UpstreamConfig
     metrics: MetricsConfig = MetricsConfig()

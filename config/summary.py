@@ -7,6 +7,7 @@ from config.schema import ProxyConfig
 
 def summarize(config: ProxyConfig) -> str:
     lines = [
+        f"workers            : {config.workers}",
         f"bootstrap listener : {config.listeners.bootstrap}",
         f"advertised host    : {config.listeners.advertised_host}",
         f"broker ports       : {config.listeners.broker_ports} "

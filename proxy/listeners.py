@@ -56,6 +56,7 @@ class ListenerHost(ConnectionHost, Protocol):
     servers: dict[str, Server]
     upstream_tls: Any  # ssl.SSLContext | None
     own_identity: OwnIdentity | None
+    reuse_port: bool  # one of several worker processes sharing the listeners
 
     def feature_filters(self, scope: int) -> list[tuple[type[Filter], FilterFactory]]:
         """The shared features' filters for a listener of ``scope``, in chain order."""
@@ -65,13 +66,16 @@ class ListenerHost(ConnectionHost, Protocol):
     def spawn(self, coro: Any) -> None: ...
 
 
-def listen_socket(host: str, port: int) -> socket.socket:
+def listen_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     """A listening socket, bound now (synchronously: a client told about the port can connect
-    at once, early connections waiting in the listen backlog)."""
+    at once, early connections waiting in the listen backlog). ``reuse_port``: shared with the
+    other worker processes (SO_REUSEPORT: the kernel spreads connections over them)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
         sock.listen(1024)
         sock.setblocking(False)
@@ -239,13 +243,12 @@ class ListenerKind:
             return self.context(name, BOOTSTRAP_SCOPE)
 
         try:
+            sock = listen_socket(listen.host, listen.port, self.host.reuse_port)
             if self.secured:
-                server: Server = self._secured_server(
-                    name, listen_socket(listen.host, listen.port), ctx, targets)
+                server: Server = self._secured_server(name, sock, ctx, targets)
             else:
                 server = await asyncio.get_running_loop().create_server(
-                    lambda: ProxiedConnection(ctx(), targets), listen.host, listen.port,
-                    reuse_address=True, backlog=1024)
+                    lambda: ProxiedConnection(ctx(), targets), sock=sock, backlog=1024)
         except OSError as exc:
             raise StartupError(f"cannot listen on {self.at}.bootstrap {listen}: "
                                f"{exc.strerror or exc}") from None
@@ -254,7 +257,7 @@ class ListenerKind:
     def _bind_broker(self, broker: Broker) -> None:
         """Bind the broker's proxy port now (synchronously, so a client told about it can
         connect at once: early connections wait in the listen backlog) and serve it."""
-        sock = listen_socket(self.kind.broker_host, broker.proxy_port)
+        sock = listen_socket(self.kind.broker_host, broker.proxy_port, self.host.reuse_port)
         name = self.listener(f"broker-{broker.node_id}")
         node_id = broker.node_id
 

@@ -16,7 +16,9 @@ _LEVELS = {
 }
 
 
-def configure(fmt: str = "json", level: str = "info", stream: Any = None) -> None:
+def configure(fmt: str = "json", level: str = "info", stream: Any = None,
+              worker: int | None = None) -> None:
+    """``worker``: every line says which worker process wrote it (``proxy.workers``)."""
     renderer: Any
     if fmt == "console":
         renderer = structlog.dev.ConsoleRenderer(colors=False)
@@ -26,6 +28,7 @@ def configure(fmt: str = "json", level: str = "info", stream: Any = None) -> Non
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
+            *([_worker_field(worker)] if worker is not None else []),
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
             renderer,
@@ -34,6 +37,14 @@ def configure(fmt: str = "json", level: str = "info", stream: Any = None) -> Non
         logger_factory=structlog.PrintLoggerFactory(file=stream or sys.stderr),
         cache_logger_on_first_use=False,
     )
+
+
+def _worker_field(worker: int) -> Any:
+    def add(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str, Any]:
+        event.setdefault("worker", worker)
+        return event
+
+    return add
 
 
 def get_logger(name: str) -> Any:

@@ -7,7 +7,7 @@ import asyncio
 import os
 from bisect import bisect_left
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -241,8 +241,10 @@ def make_registry(stats: ProxyStats) -> CollectorRegistry:
     return registry
 
 
-async def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> asyncio.Server:
-    """A minimal HTTP/1.1 server on the event loop: GET /metrics; anything else 404."""
+async def serve_metrics(registry: CollectorRegistry, host: str, port: int,
+                        refresh: Callable[[], Awaitable[None]] | None = None) -> asyncio.Server:
+    """A minimal HTTP/1.1 server on the event loop: GET /metrics; anything else 404.
+    ``refresh``: awaited before each scrape (the supervisor gathers its workers' metrics)."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -251,6 +253,8 @@ async def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> as
                 pass
             parts = request_line.decode("latin-1").split()
             if len(parts) >= 2 and parts[0] == "GET" and parts[1].split("?")[0] == "/metrics":
+                if refresh is not None:
+                    await refresh()
                 body = generate_latest(registry)
                 head = (
                     b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"

@@ -23,7 +23,7 @@ from typing import Any
 
 from config.errors import ConfigError
 from config.loading import load_config
-from config.schema import ProxyConfig
+from config.schema import HostPort, ProxyConfig
 from proxy.capture_writer import Capture
 from proxy.clock import now_ms
 from proxy.cluster import OwnIdentity, fetch_brokers
@@ -74,9 +74,14 @@ def raise_fd_limit(ceiling: int = 1 << 20) -> tuple[int, int]:
 
 
 class Proxy:
-    def __init__(self, config: ProxyConfig, config_path: str | None = None) -> None:
+    def __init__(self, config: ProxyConfig, config_path: str | None = None,
+                 worker: int | None = None) -> None:
+        """``worker``: this process is worker ``worker`` of several sharing the listeners
+        (``proxy.workers``)."""
         self.config = config
         self.config_path = config_path
+        self.worker = worker
+        self.reuse_port = worker is not None
         self.stats = ProxyStats()
         self.quotas = QuotaEnforcer(config.quotas.settings())
         self.stats.quota_entities = self._quota_entity_rows
@@ -115,7 +120,7 @@ class Proxy:
         self._drained = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._reload_lock = asyncio.Lock()
-        self._metrics_server: asyncio.AbstractServer | None = None
+        self._metrics_server: asyncio.Server | None = None
         self._bootstrap_rr = 0
         self.cluster_reachable = asyncio.Event()
         self.live_brokers: set[int] = set()  # node ids in the latest metadata
@@ -287,6 +292,14 @@ class Proxy:
             rows.append((broker, s.quota_type.short, s.tags[0], s.tags[1], view.rate, s.bound,
                          s.throttled_requests, s.throttle_ms_total))
         return rows
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The port the metrics endpoint listens on (None: no endpoint)."""
+        server = self._metrics_server
+        if server is None or not server.sockets:
+            return None
+        return int(server.sockets[0].getsockname()[1])
 
     def reload(self) -> None:
         """SIGHUP: reload in the background (see ``reload_config``)."""
@@ -499,11 +512,22 @@ class Proxy:
 
 
 async def run_proxy(config: ProxyConfig, stop: asyncio.Event,
-                    config_path: str | None = None) -> None:
+                    config_path: str | None = None,
+                    worker: tuple[int, int] | None = None) -> None:
+    """Serve until ``stop``. ``worker``: (index, readiness fd) of a worker process
+    (``proxy.workers``): its listeners are shared, its metrics on a port of its own that it
+    reports on the fd once serving."""
     before, after = raise_fd_limit()
-    proxy = Proxy(config, config_path)
+    if worker is not None:
+        metrics = config.metrics.model_copy(update={"listen": HostPort("127.0.0.1", 0)})
+        config = config.model_copy(update={"metrics": metrics})
+    proxy = Proxy(config, config_path, worker=worker[0] if worker else None)
     log.info("fd_limit", soft_before=before, soft=after, max_connections=proxy.max_connections)
     await proxy.start()
+    if worker is not None:
+        from proxy.workers import report_ready
+
+        report_ready(worker[1], proxy.metrics_port)
     if config_path is not None:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, proxy.reload)
