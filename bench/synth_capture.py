@@ -80,12 +80,16 @@ def generate(out: Path, requests: int, entities: int, brokers: int, seed: int = 
             "storage_scale": pa.nulls(n, pa.float64()),
             "partitions": pa.nulls(n, dict(FIELDS)["partitions"]),
         }
-        table = pa.Table.from_arrays(
-            [pa.array(columns[name], type=kind) for name, kind in FIELDS], schema=SCHEMA)
-        pq.write_table(table, out / f"capture-synthetic-{part:05d}.parquet",
-                       compression="zstd")
+        write_capture_file(out / f"capture-synthetic-{part:05d}.parquet", columns)
         written += n
     return written
+
+
+def write_capture_file(path: Path, columns: dict[str, object]) -> None:
+    """One capture file of the proxy's schema from columns named as its fields."""
+    table = pa.Table.from_arrays(
+        [pa.array(columns[name], type=kind) for name, kind in FIELDS], schema=SCHEMA)
+    pq.write_table(table, path, compression="zstd")
 
 
 def main(argv: list[str] | None = None) -> int:

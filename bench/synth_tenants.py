@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy.capture_writer import FIELDS, SCHEMA
+from bench.synth_capture import write_capture_file
+from proxy.capture_writer import FIELDS
 from quota.replay import replay_rows, settings_from_section
 
 
@@ -160,9 +160,7 @@ def generate(out: Path, seconds: float = 720, brokers: int = 2, seed: int = 11,
         "storage_scale": pa.nulls(n, pa.float64()),
         "partitions": pa.nulls(n, dict(FIELDS)["partitions"]),
     }
-    table = pa.Table.from_arrays(
-        [pa.array(columns[name], type=kind) for name, kind in FIELDS], schema=SCHEMA)
-    pq.write_table(table, out / f"capture-synthetic-{RUN}-00000.parquet", compression="zstd")
+    write_capture_file(out / f"capture-synthetic-{RUN}-00000.parquet", columns)
     (out / f"quotas-{RUN}-00000.json").write_text(json.dumps(
         {"run": RUN, "quota_generation": 0, "since_ms": START_MS, "quotas": dict(live)},
         indent=1))
