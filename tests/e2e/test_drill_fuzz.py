@@ -1,5 +1,5 @@
 """The fuzz drill's bounded version (``bench/drill_fuzz.py``; the million-frame run's figures
-are in docs/reliability.md): 30,000 request frames, valid and mutated, of every API key and
+are in docs/reliability.md): 25,000 request frames, valid and mutated, of every API key and
 version the proxy offers, over many short connections with slowloris, half-open, idle and
 unread-pipeline connections among them, while good clients move keyed messages through the
 same proxy. The proxy neither crashes nor logs a traceback, answers in order with its own
@@ -19,11 +19,12 @@ pytestmark = pytest.mark.e2e
 
 
 def test_fuzz_bounded(tmp_path: Path) -> None:
-    figures = run(frames=30_000, seconds_cap=50, workers=8, good_rate=200, workdir=tmp_path)
-    print_figures("fuzz (30,000 frames)", {k: v for k, v in figures.items()
+    # 25,000 frames take about 45 s; the cap leaves room for a busy machine
+    figures = run(frames=25_000, seconds_cap=75, workers=8, good_rate=200, workdir=tmp_path)
+    print_figures("fuzz (25,000 frames)", {k: v for k, v in figures.items()
                                            if k not in ("samples", "frames_by_kind")})
     print("samples:", figures["samples"])
-    assert figures["frames_sent"] >= 30_000
+    assert figures["frames_sent"] >= 25_000
     assert figures["frames_mutated"] > 2_000 and figures["requests_read_by_proxy"] > 10_000
     # Every API key and version the proxy offers was sent.
     assert figures["versions_sent"] == figures["versions_offered"] > 100
