@@ -9,7 +9,7 @@ matching level changes moves to its new shared budget at once. Sensors idle for
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from quota.entities import EntityKey, QuotaType, Resolution, Tags, quota_limit, resolve
@@ -69,6 +69,10 @@ class Sensor:
         return (total + self.in_flight) * 1000.0 / window < bound
 
 
+# (sensor, value recorded, rate measured, window ms, now ms) -> (rate, window ms, bound)
+BudgetHook = Callable[["Sensor", float, float, int, int], tuple[float, int, float]]
+
+
 def percent_of_thread(request_time_ms: float) -> float:
     """Kafka records request time as a percentage of one thread: 10 ms per second = 1%."""
     return request_time_ms / 10.0
@@ -96,7 +100,10 @@ class StorageScaling:
 
 class QuotaManager:
     def __init__(self, settings: QuotaSettings, idle_expiry_ms: int = ONE_HOUR_MS,
-                 storage: StorageScaling | None = None) -> None:
+                 storage: StorageScaling | None = None, hook: BudgetHook | None = None) -> None:
+        # ``hook``: where a limited budget is checked, turns this process's measure into the
+        # one enforced (the usage of every process sharing the budget: ``quota.shared``)
+        self.hook = hook
         self.idle_expiry_ms = idle_expiry_ms
         self.sensors: dict[tuple[QuotaType, Tags], Sensor] = {}
         self.settings = settings
@@ -205,6 +212,8 @@ class QuotaManager:
             sensor.rate.record(value, now_ms)
             return 0
         rate, window = sensor.rate.record_and_measure(value, now_ms)
+        if self.hook is not None:  # budgets shared with other processes (``quota.shared``)
+            rate, window, bound = self.hook(sensor, value, rate, window, now_ms)
         if rate <= bound:
             return 0
         cap = None

@@ -1,0 +1,426 @@
+"""Budgets shared across processes (issue 16): a deterministic simulation of the designs of
+``quota/shared.py`` on the real quota engine, to choose one (``docs/scale-out.md``).
+
+K proxy processes (workers of one host, or instances: the same here, as both exchange their
+reports through the cluster), each with its own ``QuotaManager`` (``SharedQuotaManager``,
+with the ``BudgetHook`` of ``quota.shared``). Every ``report_ms`` each process encodes its
+``UsageReport``; every process, itself included, decodes it ``delay_ms`` later. Clients are
+greedy producers: each connection sends one request at a time, its response comes
+``RTT_MS`` later (recorded then, as the proxy records produce), and it sends the next once the
+throttle it got has passed (KIP-219: muted). A client's connections are spread round-robin
+over the processes. Kafka's default window: 11 x 1 s. Time in whole ms; no randomness.
+
+Scenarios (one budget each, ``QUOTA`` bytes/s; ``ref-*``: the same clients on one process,
+what one Kafka broker gives):
+
+- ``a``: one client-id (``clients/app``), 8 connections over 2 processes; ``a4``: over 4
+  (2 instances x 2 workers); ``asym``: 6 connections on one process, 2 on the other;
+- ``skew``: 7 connections on one process and one on each of 7 others;
+- ``lone``: 4 connections on 1 of 4 processes (coordination must cost nothing there);
+- ``b``: 50 client-ids of one user (``users/alice``), one connection each, 4 KB requests, over
+  2 processes; ``b16``: the same with 16 KB requests;
+- ``c``: one client-id, 4 connections, all on process 1, then all on process 2;
+  ``c-pause``: no move, the 4 connections pause 100 ms once (what any perturbation does);
+- ``fallback``: scenario a while no process can read the reports.
+
+Designs: ``none`` (each process on its own: today); ``A`` (global sum); ``A+`` (global sum,
+lag compensated: the recommended one); ``B`` (demand share, own demand exact, floor 5 %);
+``B+`` (demand share from the reports alone).
+
+Figures, / quota: ``ratio``: bytes/s over every whole throttle cycle after ``WARMUP_S``;
+``low``/``high``: the lowest and highest over 30 s or more of whole cycles begun at each
+cycle. A cycle begins with a burst, as ``tests/support/rates.py`` ``cycle_rate`` finds them,
+after at least 5 s without one. For ``c``: ``excess``: after the move, the most bytes in one
+quota window (11 s), more than the most without the move, in seconds of quota (``c-pause``
+gives the same figure for a perturbation without a move); ``held``: how long after the move,
+in report intervals, the process moved to last counted the others' usage more than 5 % of a
+window short of what they had recorded (A only: B does not count it); both the worst of 24
+moves spread over one window; ``after``: the ratio over whole cycles (>= 15 s) from the move.
+
+Run: python bench/coordination_sim.py [--sweep A,A+,B,B+] [--json PATH]
+(about 20 s; each design swept adds about 20 s)
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import heapq
+import itertools
+import json
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from quota.entities import EntityKey, QuotaType
+from quota.manager import QuotaSettings
+from quota.shared import (
+    Design,
+    RemoteUsage,
+    SharedBudgets,
+    SharedQuotaManager,
+    UsageReport,
+    live_samples,
+    usage_report,
+)
+
+QUOTA = 1_000_000.0  # bytes/s
+REQUEST_BYTES = 16_384
+RTT_MS = 5
+SAMPLES, WINDOW_MS = 11, 1000
+DURATION_S = 150.0
+WARMUP_S = 15.0
+MOVE_S = 30.0
+SPAN_S = 22.0  # c: how long after the move the runs with and without it are compared
+MOVES = 24  # c: moves at as many times, spread over one quota window
+SWEEP_MOVES = 8
+STALENESS_MS = 2000
+HELD = 0.05  # c: held once the others' usage is counted within 5 % of a quota window
+BROKER = 1
+
+SEND, RESPONSE, REPORT, DELIVER = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class Conn:
+    user: str
+    client_id: str
+    process: int
+    moved_to: int | None = None  # the process it uses after the move
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    processes: int
+    conns: tuple[Conn, ...]
+    entity: EntityKey
+    request_bytes: int = REQUEST_BYTES
+    move: bool = False
+    reading: bool = True
+    reconnect_ms: int = 0  # how long a connection pauses when it moves
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    coordinate: bool = True
+    design: Design = Design.GLOBAL_SUM
+    compensate_lag: bool = False
+    shares_from_reports: bool = False
+
+
+VARIANTS = {
+    "none": Variant("none", coordinate=False),
+    "A": Variant("A"),
+    "A+": Variant("A+", compensate_lag=True),
+    "B": Variant("B", design=Design.DEMAND_SHARE),
+    "B+": Variant("B+", design=Design.DEMAND_SHARE, shares_from_reports=True),
+}
+
+
+def scenarios() -> dict[str, Scenario]:
+    app = EntityKey(None, "app")  # clients/app: one budget per client-id
+    alice = EntityKey("alice", None)  # users/alice: one budget for all her client-ids
+
+    def spread(n: int, k: int) -> tuple[Conn, ...]:
+        return tuple(Conn("ANONYMOUS", "app", i % k) for i in range(n))
+
+    def users(k: int) -> tuple[Conn, ...]:
+        return tuple(Conn("alice", f"c{i}", i % k) for i in range(50))
+
+    moving = tuple(Conn("ANONYMOUS", "app", 0, 1) for _ in range(4))
+    return {
+        "ref-a": Scenario("ref a: 8 conns / 1 proc", 1, spread(8, 1), app),
+        "a": Scenario("a: 1 client, 8 conns / 2 procs", 2, spread(8, 2), app),
+        "a4": Scenario("a4: 1 client, 8 conns / 4 procs", 4, spread(8, 4), app),
+        "asym": Scenario("asym: 1 client, 6 + 2 conns", 2,
+                         tuple(Conn("ANONYMOUS", "app", int(i >= 6)) for i in range(8)), app),
+        "skew": Scenario("skew: 7 conns + 7 x 1 / 8 procs", 8,
+                         tuple(Conn("ANONYMOUS", "app", max(0, i - 6)) for i in range(14)),
+                         app),
+        "lone": Scenario("lone: 4 conns on 1 of 4 procs", 4, spread(4, 1), app),
+        "ref-b": Scenario("ref b: 50 clients / 1 proc", 1, users(1), alice, 4096),
+        "b": Scenario("b: 50 clients of 1 user / 2 procs", 2, users(2), alice, 4096),
+        "ref-b16": Scenario("ref b16: b, 16 KB, 1 proc", 1, users(1), alice),
+        "b16": Scenario("b16: b with 16 KB requests", 2, users(2), alice),
+        "c": Scenario("c: 1 client moves proc 1 -> 2", 2, moving, app, move=True),
+        "c-pause": Scenario("c-pause: 1 proc, 100 ms pause", 1,
+                            tuple(replace(c, moved_to=0) for c in moving), app, move=True,
+                            reconnect_ms=100),
+        "fallback": Scenario("fallback: a, reports unreadable", 2, spread(8, 2), app,
+                             reading=False),
+    }
+
+
+@dataclass
+class Run:
+    events: list[tuple[float, float]]  # (s, bytes) of every request recorded
+    fallback_checks: int
+    # after the move: the last time (ms after it) the process moved to counted the others'
+    # usage of the budget more than ``HELD`` of a quota window short of what they recorded
+    unheld_ms: int = 0
+
+
+def simulate(sc: Scenario, variant: Variant, report_ms: int, delay_ms: int,
+             duration_s: float = DURATION_S, move_s: float | None = MOVE_S) -> Run:
+    settings = QuotaSettings(samples=SAMPLES, window_ms=WINDOW_MS,
+                             entities={sc.entity: {QuotaType.PRODUCE: QUOTA}})
+    k = sc.processes
+    names = [f"p{i}" for i in range(k)]
+    remotes = [RemoteUsage(n, SAMPLES, WINDOW_MS, STALENESS_MS, initial_processes=k)
+               for n in names]
+    shared = [SharedBudgets(r, variant.design, compensate_lag=variant.compensate_lag,
+                            shares_from_reports=variant.shares_from_reports,
+                            coordinate=variant.coordinate) for r in remotes]
+    managers = [SharedQuotaManager(settings, s.hook(BROKER)) for s in shared]
+    for r in remotes:
+        r.set_reading(sc.reading, 0)
+    end_ms = int(duration_s * 1000)
+    move_ms = int(move_s * 1000) if move_s is not None and sc.move else end_ms
+    held_check = variant.design is Design.GLOBAL_SUM or not variant.coordinate
+    window_bytes = QUOTA * SAMPLES * WINDOW_MS / 1000.0
+    events: list[tuple[float, float]] = []
+    unheld_ms = 0
+    heap: list[tuple[int, int, int, Any]] = []
+    order = itertools.count()
+
+    def push(t: int, kind: int, what: Any) -> None:
+        heapq.heappush(heap, (t, next(order), kind, what))
+
+    for i in range(len(sc.conns)):
+        push(i, SEND, i)
+    for p in range(k):
+        push(1 + p * report_ms // k, REPORT, p)
+    seqs = [0] * k
+    reconnected: set[int] = set()
+    while heap:
+        t, _, kind, what = heapq.heappop(heap)
+        if t >= end_ms:
+            break
+        if kind == SEND:
+            c = sc.conns[what]
+            if t >= move_ms and what not in reconnected:
+                reconnected.add(what)
+                if sc.reconnect_ms:
+                    push(t + sc.reconnect_ms, SEND, what)
+                    continue
+            p = c.moved_to if c.moved_to is not None and t >= move_ms else c.process
+            push(t + RTT_MS, RESPONSE, (what, p))
+        elif kind == RESPONSE:
+            i, p = what
+            c = sc.conns[i]
+            throttle = managers[p].record(QuotaType.PRODUCE, c.user, c.client_id,
+                                          sc.request_bytes, t)
+            events.append((t / 1000.0, sc.request_bytes))
+            push(t + throttle, SEND, i)
+            if held_check and t >= move_ms and p == c.moved_to and k > 1:
+                sensor = managers[p].sensor(QuotaType.PRODUCE, c.user, c.client_id, t)
+                key = (BROKER, QuotaType.PRODUCE, *sensor.tags)
+                exact = sum(v for q in range(k) if q != p
+                            for _, _, v in live_samples(managers[q].sensor(
+                                QuotaType.PRODUCE, c.user, c.client_id, t).rate, t))
+                if exact - shared[p].others_counted(key, t) > HELD * window_bytes:
+                    unheld_ms = t - move_ms
+        elif kind == REPORT:
+            seqs[what] += 1
+            if variant.coordinate and sc.reading:
+                data = usage_report(names[what], seqs[what], t, {BROKER: managers[what]},
+                                    t).encode()
+                for q in range(k):
+                    push(t + delay_ms, DELIVER, (q, data))
+            shared[what].reported(t)
+            remotes[what].expire(t)
+            push(t + report_ms, REPORT, what)
+        else:
+            q, data = what
+            report = UsageReport.decode(data)
+            remotes[q].observe(report, report.sent_ms)  # one clock in the simulation
+    return Run(events, sum(s.fallback_checks for s in shared), unheld_ms)
+
+
+# ---------------------------------------------------------------------- measures
+def burst_starts(events: list[tuple[float, float]], quota: float) -> list[float]:
+    """The starts of throttle cycles: a 0.25 s bucket above twice the quota rate (a burst, as
+    ``cycle_rate`` finds them) after at least 5 s without one. (With many connections a
+    burst can spread over seconds, with buckets below the level in it, and a second, smaller
+    burst can follow a few seconds later: ``cycle_rate`` would begin a cycle there.)"""
+    bucket = 0.25
+    volume: dict[int, float] = {}
+    for t, n in events:
+        volume[int(t / bucket)] = volume.get(int(t / bucket), 0) + n
+    busy = 2 * quota * bucket
+    return [b * bucket for b in sorted(volume)
+            if volume[b] > busy and all(volume.get(b - i, 0) <= busy for i in range(1, 21))]
+
+
+class Cycles:
+    """Rates over whole throttle cycles of one run (``burst_starts``), / quota."""
+
+    def __init__(self, events: list[tuple[float, float]], quota: float) -> None:
+        self.quota = quota
+        self.starts = burst_starts(events, quota)
+        self.times = [t for t, _ in events]
+        self.cumulative = [0.0, *itertools.accumulate(n for _, n in events)]
+
+    def volume(self, since: float, until: float) -> float:
+        c, times = self.cumulative, self.times
+        return c[bisect.bisect_left(times, until)] - c[bisect.bisect_left(times, since)]
+
+    def rate(self, start: float, measure_s: float = 15.0) -> float:
+        """``cycle_rate``'s measure over these cycles: from the first cycle begun at or after
+        ``start`` to the first begun ``measure_s`` or more later."""
+        starts = [s for s in self.starts if s >= start]
+        first = starts[0] if starts else start
+        end = next((s for s in starts if s >= first + measure_s), first + measure_s)
+        return self.volume(first, end) / (end - first) / self.quota
+
+    def whole(self, start: float, span_s: float = 30.0) -> tuple[float, float, float]:
+        """Over every whole cycle from the first begun at or after ``start`` to the last one
+        begun; then the lowest and the highest ``rate`` over ``span_s`` or more, begun at
+        each cycle."""
+        starts = [s for s in self.starts if s >= start]
+        if len(starts) < 2:
+            r = self.rate(start)
+            return r, r, r
+        first, last = starts[0], starts[-1]
+        total = self.volume(first, last) / (last - first) / self.quota
+        each = [self.rate(s, span_s) for s in starts if s + span_s <= last]
+        return total, min(each, default=total), max(each, default=total)
+
+
+def most_in_a_window(events: list[tuple[float, float]], since: float, until: float,
+                     window_s: float) -> float:
+    """The most bytes recorded in any ``window_s`` ending in ``[since, until)``."""
+    best = total = 0.0
+    lo = 0
+    for t, n in events:
+        if t >= until:
+            break
+        total += n
+        while events[lo][0] <= t - window_s:
+            total -= events[lo][1]
+            lo += 1
+        if t >= since:
+            best = max(best, total)
+    return best
+
+
+def after_move(sc: Scenario, v: Variant, report_ms: int, delay_ms: int, moves: int
+               ) -> tuple[float, float | None]:
+    """(excess in seconds of quota, held in report intervals), the worst of ``moves`` moves
+    spread over one quota window after ``MOVE_S``, so that some land in a burst."""
+    window = SAMPLES * WINDOW_MS / 1000.0
+    times = [MOVE_S + i * window / moves for i in range(moves)]
+    still = simulate(sc, v, report_ms, delay_ms, times[-1] + SPAN_S + 1, move_s=None).events
+    worst = -float("inf")
+    unheld = 0
+    for m in times:
+        run = simulate(sc, v, report_ms, delay_ms, m + SPAN_S + 1, move_s=m)
+        extra = (most_in_a_window(run.events, m, m + SPAN_S, window)
+                 - most_in_a_window(still, m, m + SPAN_S, window))
+        worst = max(worst, extra / QUOTA)
+        unheld = max(unheld, run.unheld_ms)
+    counted = sc.processes > 1 and (v.design is Design.GLOBAL_SUM or not v.coordinate)
+    return worst, unheld / report_ms if counted else None
+
+
+@dataclass
+class Result:
+    scenario: str
+    variant: str
+    report_ms: int
+    delay_ms: int
+    ratio: float
+    low: float
+    high: float
+    excess_s: float | None = None
+    held: float | None = None
+    after: float | None = None
+    fallback_checks: int = 0
+
+
+def measure(key: str, variant: str, report_ms: int, delay_ms: int,
+            moves: int = MOVES) -> Result:
+    sc = scenarios()[key]
+    v = VARIANTS[variant]
+    run = simulate(sc, v, report_ms, delay_ms)
+    cycles = Cycles(run.events, QUOTA)
+    res = Result(sc.name, variant, report_ms, delay_ms, *cycles.whole(WARMUP_S),
+                 fallback_checks=run.fallback_checks)
+    if sc.move:
+        res.excess_s, res.held = after_move(sc, v, report_ms, delay_ms, moves)
+        res.after = cycles.rate(MOVE_S)
+    return res
+
+
+def fmt(r: Result) -> str:
+    s = f"{r.ratio:6.3f} {r.low:6.3f} {r.high:6.3f}"
+    if r.excess_s is not None and r.after is not None:
+        held = "-" if r.held is None else f"{r.held:.1f}"
+        s += f"  excess {r.excess_s:+6.2f} s  held {held:>4s}  after {r.after:5.3f}"
+    return s
+
+
+MAIN = {"ref-a": ("none",), "a": ("none", "A", "A+", "B", "B+"), "a4": ("none", "A", "A+",
+        "B", "B+"), "asym": ("none", "A", "A+", "B", "B+"),
+        "skew": ("none", "A", "A+", "B", "B+"), "lone": ("none", "A+", "B+"),
+        "ref-b": ("none",), "b": ("none", "A", "A+", "B", "B+"), "ref-b16": ("none",),
+        "b16": ("none", "A", "A+", "B", "B+"), "c-pause": ("none",),
+        "c": ("none", "A", "A+", "B", "B+"), "fallback": ("A+",)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap.add_argument("--sweep", default="", metavar="DESIGNS",
+                    help="also sweep report_ms 100/250/500 x delay 0/50/200 ms for these "
+                         "designs (comma-separated, e.g. A,A+,B+; about 20 s each)")
+    ap.add_argument("--json", type=Path, help="write every result as JSON lines here")
+    args = ap.parse_args(argv)
+    started = time.perf_counter()
+    results: list[Result] = []
+    print(f"quota {QUOTA:.0f} B/s, requests {REQUEST_BYTES} B (b: 4096 B), rtt {RTT_MS} ms, "
+          f"window {SAMPLES} x {WINDOW_MS} ms, staleness {STALENESS_MS} ms, "
+          f"{DURATION_S:.0f} s a run")
+    print("ratio, low, high: achieved / quota over whole throttle cycles; c: excess after the"
+          " move (s of quota), held (report intervals), after (/ quota)")
+    print("")
+    print("report 250 ms, delay 50 ms")
+    print(f"{'scenario':34s} {'design':6s} {'ratio':>6s} {'low':>6s} {'high':>6s}")
+    for key, variants in MAIN.items():
+        for v in variants:
+            r = measure(key, v, 250, 50)
+            results.append(r)
+            print(f"{r.scenario:34s} {v:6s} {fmt(r)}")
+    if args.sweep:
+        print("")
+        print(f"sweep: ratio for a, a4, b; c: excess, held, after ({SWEEP_MOVES} moves)")
+        print(f"{'design':6s} {'report':>6s} {'delay':>5s} {'a':>6s} {'a4':>6s} {'b':>6s}"
+              f"  {'c':s}")
+        for v in args.sweep.split(","):
+            for report_ms in (100, 250, 500):
+                for delay_ms in (0, 50, 200):
+                    row = [measure(key, v, report_ms, delay_ms, SWEEP_MOVES)
+                           for key in ("a", "a4", "b", "c")]
+                    results.extend(row)
+                    a, a4, b, c = row
+                    assert c.excess_s is not None and c.after is not None
+                    held = "-" if c.held is None else f"{c.held:.1f}"
+                    print(f"{v:6s} {report_ms:6d} {delay_ms:5d} {a.ratio:6.3f} "
+                          f"{a4.ratio:6.3f} {b.ratio:6.3f}  excess {c.excess_s:+5.2f} s  "
+                          f"held {held:>3s}  after {c.after:5.3f}")
+    print("")
+    print(f"{len(results)} results in {time.perf_counter() - started:.1f} s")
+    if args.json:
+        with args.json.open("w") as f:
+            for r in results:
+                f.write(json.dumps(r.__dict__) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

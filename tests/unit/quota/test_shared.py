@@ -1,0 +1,383 @@
+"""Budgets shared across processes (``quota.shared``): the usage report and its encoding, the
+others' reports (window, staleness, fallback), the two designs' maths, and design A holding
+a client spread over two processes to its quota where each process on its own lets through
+twice as much."""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import struct
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quota.entities import EntityKey, QuotaType
+from quota.manager import QuotaManager, QuotaSettings
+from quota.sampled import SampledRate
+from quota.shared import (
+    BudgetKey,
+    Design,
+    RemoteUsage,
+    ReportError,
+    SharedBudgets,
+    SharedQuotaManager,
+    UsageReport,
+    demand_share,
+    fallback_bound,
+    global_sum,
+    kafka_window,
+    usage_report,
+)
+
+QUOTA = 1_000_000.0
+APP = EntityKey(None, "app")
+SETTINGS = QuotaSettings(entities={APP: {QuotaType.PRODUCE: QUOTA}})
+KEY: BudgetKey = (1, QuotaType.PRODUCE, "", "app")
+P = QuotaType.PRODUCE
+
+
+def report(process: str, seq: int, budgets: dict[BudgetKey, tuple[tuple[int, int, float], ...]],
+           samples: int = 11, window_ms: int = 1000) -> UsageReport:
+    return UsageReport(process, seq, 1_700_000_000_000 + seq, samples, window_ms, budgets)
+
+
+def reading(me: str = "me", staleness_ms: int = 2000, initial: int = 1,
+            now: int = 0) -> RemoteUsage:
+    """A ``RemoteUsage`` reading reports, its own last one seen at ``now``."""
+    remote = RemoteUsage(me, 11, 1000, staleness_ms, initial_processes=initial)
+    remote.set_reading(True, now)
+    remote.observe(report(me, 1, {}), now)
+    return remote
+
+
+# ---------------------------------------------------------------------- the report
+def test_report_round_trip_and_key() -> None:
+    r = report("host-a:4711:1", 42, {
+        KEY: ((2500, 1200, 16384.0), (900, 3, 1.5)),
+        (2, QuotaType.FETCH, "alice", ""): ((10, 0, 7.0),),
+        (-1, QuotaType.REQUEST, "alice", "app"): ((0, 0, 0.25),),
+    })
+    data = r.encode()
+    assert data[0] == 1  # the version
+    assert UsageReport.decode(data) == r
+    assert r.key == b"host-a:4711:1"
+    # tags are written once: "alice" and "app" appear in the table, not with each budget
+    assert data.count(b"alice") == 1 and data.count(b"app") == 1
+
+
+texts = st.text(st.characters(codec="utf-8"), max_size=20)
+reported_samples = st.lists(
+    st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 2**32 - 1),
+              st.floats(0.0, 1e15, allow_nan=False, allow_infinity=False))
+    .map(lambda s: (max(s[0], s[1]), min(s[0], s[1]), s[2])), max_size=12).map(tuple)
+keys = st.tuples(st.integers(-(2**31), 2**31 - 1), st.sampled_from(list(QuotaType)), texts,
+                 texts)
+reports = st.builds(UsageReport, texts, st.integers(0, 2**63 - 1),
+                    st.integers(-(2**63), 2**63 - 1), st.integers(1, 2**16 - 1),
+                    st.integers(1, 2**32 - 1), st.dictionaries(keys, reported_samples,
+                                                               max_size=8))
+
+
+@settings(max_examples=300, deadline=None)
+@given(reports)
+def test_any_report_decodes_to_itself(r: UsageReport) -> None:
+    assert UsageReport.decode(r.encode()) == r
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_any_bytes_decode_or_raise_report_error(data: bytes) -> None:
+    with contextlib.suppress(ReportError):
+        UsageReport.decode(data)
+
+
+@pytest.mark.parametrize("mangle", [
+    lambda d: b"",
+    lambda d: b"\x02" + d[1:],  # a version this code does not read
+    lambda d: d[:-1],  # truncated
+    lambda d: d + b"\x00",  # trailing bytes
+    # a sample whose last event is before its start (last "before" > start "before")
+    lambda d: d[:-16] + struct.pack(">IId", 1, 2, 3.0),
+    lambda d: d[:-8] + struct.pack(">d", float("nan")),
+    lambda d: d[:-8] + struct.pack(">d", -1.0),
+])
+def test_malformed_reports_are_refused(mangle: object) -> None:
+    data = report("p", 1, {KEY: ((5, 1, 10.0),)}).encode()
+    assert UsageReport.decode(data).budgets[KEY] == ((5, 1, 10.0),)
+    with pytest.raises(ReportError):
+        UsageReport.decode(mangle(data))  # type: ignore[operator]
+
+
+def test_usage_report_holds_the_live_samples_of_limited_budgets_relative_to_now() -> None:
+    m = QuotaManager(QuotaSettings(samples=3, window_ms=1000,
+                                   entities={APP: {P: QUOTA}}))
+    m.record(P, "u", "app", 100, 1000)  # sample 1: starts 1000
+    m.record(P, "u", "app", 50, 1800)  # same sample, last event 1800
+    m.record(P, "u", "app", 70, 2500)  # sample 2: starts 2500
+    m.record(P, "u", "other", 999, 2500)  # no quota: not reported
+    r = usage_report("me", 7, 123, {1: m}, 4000)
+    assert (r.process, r.seq, r.sent_ms, r.samples, r.window_ms) == ("me", 7, 123, 3, 1000)
+    assert r.budgets == {KEY: ((3000, 2200, 150.0), (1500, 1500, 70.0))}
+    # at 4800 the first sample's last event (1800) is 3 windows old: Kafka purges it
+    assert usage_report("me", 8, 123, {1: m}, 4800).budgets == {KEY: ((2300, 2300, 70.0),)}
+    # min_fraction: a budget below that share of its bound is left out
+    assert usage_report("me", 9, 123, {1: m}, 4000, min_fraction=0.01).budgets == {}
+    assert usage_report("me", 9, 123, {1: m}, 4000, min_fraction=1e-6).budgets != {}
+
+
+# ---------------------------------------------------------------------- the others' reports
+def test_others_usage_within_the_window_ending_now() -> None:
+    remote = reading(staleness_ms=60_000)
+    # made at 10_000 (local clock): samples that started 3000 and 1000 ms before, with last
+    # events 2000 and 0 ms before
+    remote.observe(report("b", 1, {KEY: ((3000, 2000, 400.0), (1000, 0, 100.0))}), 10_000)
+    assert remote.others(KEY, 10_000) == (500.0, 7000)
+    # a sample counts while its last event is less than samples x window old (Kafka purges
+    # it then): the first one's last event is at 8000, so until 19_000 exclusive
+    assert remote.others(KEY, 18_999) == (500.0, 7000)
+    assert remote.others(KEY, 19_000) == (100.0, 9000)
+    assert remote.others(KEY, 21_000) == (0.0, 21_000)
+    assert remote.others((1, QuotaType.FETCH, "", "app"), 10_000) == (0.0, 10_000)
+
+
+def test_own_report_is_not_counted_and_older_reports_are_ignored() -> None:
+    remote = reading()
+    remote.observe(report("me", 2, {KEY: ((10, 0, 5.0),)}), 1000)
+    assert remote.others(KEY, 1000) == (0.0, 1000)
+    assert remote.observe(report("b", 5, {KEY: ((10, 0, 5.0),)}), 1000)
+    assert not remote.observe(report("b", 4, {KEY: ((10, 0, 50.0),)}), 1100)
+    assert not remote.observe(report("c", 1, {KEY: ((10, 0, 50.0),)}, window_ms=500), 1100)
+    assert remote.ignored == 2
+    assert remote.others(KEY, 1000)[0] == 5.0
+    # a newer report replaces the older one, budgets it no longer holds included
+    remote.observe(report("b", 6, {}), 1200)
+    assert remote.others(KEY, 1200) == (0.0, 1200)
+
+
+def test_a_process_that_stops_reporting_is_dropped_after_the_staleness() -> None:
+    remote = reading(staleness_ms=2000)
+    remote.observe(report("b", 1, {KEY: ((100, 0, 10.0),)}), 5000)
+    remote.observe(report("c", 1, {KEY: ((100, 0, 20.0),)}), 6000)
+    remote.observe(report("me", 2, {}), 6000)
+    assert remote.live(6999) == 3
+    assert remote.others(KEY, 6999)[0] == 30.0
+    assert remote.peers(6999) == ["b", "c"]
+    # b's last report is 2000 ms old at 7000: no longer counted, even before ``expire``
+    assert remote.others(KEY, 7000)[0] == 20.0
+    assert remote.live(7000) == 2
+    assert remote.expire(7000) == ["b"]
+    assert remote.dropped == 1
+    assert remote.peers(7000) == ["c"]
+    # b comes back: counted again
+    remote.observe(report("b", 2, {KEY: ((100, 0, 1.0),)}), 7100)
+    assert remote.others(KEY, 7100)[0] == 21.0
+
+
+def test_fallback_quota_over_the_processes_known_live() -> None:
+    remote = RemoteUsage("me", staleness_ms=2000, initial_processes=2)
+    # before the reports were ever read: the configured guess
+    assert remote.fallback(0) and remote.fallback_processes == 2
+    remote.set_reading(True, 0)
+    assert remote.fallback(0)  # reading, but its own report has not come back yet
+    for p in ("me", "b", "c"):
+        remote.observe(report(p, 1, {}), 100)
+    assert not remote.fallback(100)
+    # the topic cannot be read: quota / 3, even once the reports held go stale
+    remote.set_reading(False, 500)
+    assert remote.fallback(500) and remote.fallback_processes == 3
+    remote.expire(5000)
+    assert remote.live(5000) == 1 and remote.fallback_processes == 3
+    assert fallback_bound(QUOTA, remote.fallback_processes) == QUOTA / 3
+    # reading again, but this process's own reports stopped coming back: fallback as well
+    remote.set_reading(True, 6000)
+    remote.observe(report("b", 2, {}), 6000)
+    assert remote.fallback(6000)
+    remote.observe(report("me", 2, {}), 6000)
+    assert not remote.fallback(6000)
+    assert remote.fallback(8000)  # own report 2000 ms old
+
+
+def test_the_fallback_throttles_against_quota_over_live_processes_and_counts_it() -> None:
+    remote = RemoteUsage("me", initial_processes=4)
+    shared = SharedBudgets(remote)
+    m = SharedQuotaManager(SETTINGS, shared.hook(1))
+    plain = QuotaManager(QuotaSettings(entities={APP: {P: QUOTA / 4}}))
+    throttles = [(m.record(P, "u", "app", 100_000, t), plain.record(P, "u", "app", 100_000, t))
+                 for t in range(0, 5000, 100)]
+    assert any(a for a, _ in throttles)
+    assert all(a == b for a, b in throttles)
+    assert shared.fallback_checks == len(throttles)
+
+
+# ---------------------------------------------------------------------- the maths
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2500), st.integers(0, 50_000)), min_size=1,
+                max_size=40), st.integers(1, 6), st.integers(1, 3000))
+def test_design_a_alone_is_kafkas_maths(steps: list[tuple[int, int]], samples: int,
+                                        window_ms: int) -> None:
+    """With no other process, the union of samples is the process's own: the same rate,
+    window and throttle as ``QuotaManager``, whatever the window shape."""
+    qs = QuotaSettings(samples=samples, window_ms=window_ms, entities={APP: {P: 10_000.0}})
+    remote = RemoteUsage("me", samples, window_ms, staleness_ms=10**9)
+    remote.set_reading(True, 0)
+    remote.observe(UsageReport("me", 1, 0, samples, window_ms, {}), 0)
+    shared = SharedQuotaManager(qs, SharedBudgets(remote).hook(1))
+    plain = QuotaManager(qs)
+    now = 0
+    for gap, value in steps:
+        now += gap
+        assert shared.record(P, "u", "app", value, now) == plain.record(P, "u", "app", value,
+                                                                       now)
+        rate = plain.sensor(P, "u", "app", now).rate
+        assert global_sum(rate, 0.0, now, now) == rate.measure(now)
+
+
+def test_kafka_window_pads_to_n_minus_one_windows() -> None:
+    assert kafka_window(0, 11, 1000) == 10_000
+    assert kafka_window(2500, 11, 1000) == 10_500  # as SampledRate: 2 full windows + 8 padded
+    assert kafka_window(12_345, 11, 1000) == 12_345
+    assert kafka_window(0, 1, 1000) == 1
+
+
+def test_global_sum_counts_the_others_samples_and_their_oldest_start() -> None:
+    own = SampledRate(11, 1000)
+    own.record(1000, 20_000)
+    # others: 11_000 bytes in samples starting at 8000: W from 8000 to 20_000 = 12 s
+    assert global_sum(own, 11_000.0, 8000, 20_000) == (1000.0, 12_000)
+    # others' samples more recent than the own: W is the own (padded) window
+    assert global_sum(own, 9000.0, 19_000, 20_000) == (1000.0, 10_000)
+
+
+def test_a_moved_client_is_throttled_at_once_by_the_new_process() -> None:
+    """Process b recorded the client's usage; a's first request of it is throttled as one
+    broker would (the union of samples), where uncoordinated it would go through free."""
+    b = QuotaManager(SETTINGS)
+    one = QuotaManager(SETTINGS)  # the client's whole traffic on one broker
+    t = 0
+    for t in range(0, 11_000, 100):
+        b.record(P, "u", "app", 100_000, t)
+        one.record(P, "u", "app", 100_000, t)
+    remote = reading(now=t)
+    remote.observe(usage_report("b", 1, 0, {1: b}, t), t)
+
+    def manager(coordinate: bool = True, compensate_lag: bool = True) -> SharedQuotaManager:
+        return SharedQuotaManager(SETTINGS, SharedBudgets(
+            remote, coordinate=coordinate, compensate_lag=compensate_lag).hook(1))
+
+    now = t + 50
+    expected = one.record(P, "u", "app", 100_000, now)
+    assert expected == 150
+    assert manager(coordinate=False).record(P, "u", "app", 100_000, now) == 0
+    assert manager(compensate_lag=False).record(P, "u", "app", 100_000, now) == expected
+    # with the lag compensation, b (active until its report) is taken to have sent as much
+    # as a since: more, not less
+    assert manager().record(P, "u", "app", 100_000, now) == 250
+
+
+def test_demand_share() -> None:
+    assert demand_share(3.0, [1.0], floor=0.0) == 0.75
+    assert demand_share(1.0, [3.0], floor=0.0) == 0.25
+    # the floor, normalised: shares still add up to 1
+    small = demand_share(1.0, [99.0], floor=0.1)
+    big = demand_share(99.0, [1.0], floor=0.1)
+    assert small == pytest.approx(0.1 / 1.09)
+    assert small + big == pytest.approx(1.0)
+    # nobody has demand yet: an equal share of the live processes
+    assert demand_share(0.0, [], floor=0.05, live=4) == 0.25
+    # a newcomer (no demand reported yet) gets the floor
+    assert demand_share(0.0, [10.0], floor=0.05) == pytest.approx(0.05 / 1.05)
+
+
+def test_design_b_bounds_each_process_by_its_share_of_the_reported_demand() -> None:
+    remote = reading(now=1000)
+    remote.observe(report("me", 2, {KEY: ((500, 0, 1000.0),)}), 1000)
+    remote.observe(report("b", 1, {KEY: ((500, 0, 3000.0),)}), 1000)
+    shared = SharedBudgets(remote, Design.DEMAND_SHARE, floor=0.0)
+    m = SharedQuotaManager(SETTINGS, shared.hook(1))
+    sensor = m.sensor(P, "u", "app", 1000)
+    sensor.rate.record(1.0, 1000)
+    assert shared.measure(1, sensor, 1.0, 0.1, 10_000, 1000)[2] == pytest.approx(QUOTA / 4)
+    exact = SharedBudgets(remote, Design.DEMAND_SHARE, floor=0.0, shares_from_reports=False)
+    # own demand exact (1 byte recorded here) against b's 3000
+    assert exact.measure(1, sensor, 1.0, 0.1, 10_000, 1000)[2] == pytest.approx(
+        QUOTA * 1 / 3001)
+
+
+# ---------------------------------------------------------------------- two processes
+def simulate(processes: int, conns: int, shared: dict[str, object] | None,
+             seconds: int = 100, report_ms: int = 250, delay_ms: int = 50,
+             size: int = 16_384) -> float:
+    """Greedy producers (one request at a time, 5 ms round trip, the next once the throttle
+    has passed) with ``conns`` connections spread round-robin over ``processes``; reports
+    every ``report_ms``, read ``delay_ms`` later; ``shared``: ``SharedBudgets`` options
+    (None: each process on its own). Bytes/s over whole throttle cycles after 15 s, /
+    quota."""
+    names = [f"p{i}" for i in range(processes)]
+    remotes = [RemoteUsage(n, initial_processes=processes) for n in names]
+    options = {"coordinate": False} if shared is None else shared
+    budgets = [SharedBudgets(r, **options) for r in remotes]
+    managers = [SharedQuotaManager(SETTINGS, b.hook(1)) for b in budgets]
+    for remote in remotes:
+        remote.set_reading(True, 0)
+    order = itertools.count()
+    heap: list[tuple[int, int, int, int]] = [(i, next(order), 0, i) for i in range(conns)]
+    heap += [(1 + p * report_ms // processes, next(order), 1, p) for p in range(processes)]
+    heapq.heapify(heap)
+    pending: dict[int, tuple[int, bytes]] = {}
+    events: list[tuple[int, int]] = []
+    while heap:
+        t, _, kind, who = heapq.heappop(heap)
+        if t >= seconds * 1000:
+            break
+        if kind == 0:  # a connection's request: recorded when its response comes
+            heapq.heappush(heap, (t + 5, next(order), 2, who))
+        elif kind == 2:
+            throttle = managers[who % processes].record(P, "u", "app", size, t)
+            events.append((t, size))
+            heapq.heappush(heap, (t + throttle, next(order), 0, who))
+        elif kind == 1:  # a process reports
+            data = usage_report(names[who], t, t, {1: managers[who]}, t).encode()
+            for q in range(processes):
+                n = next(order)
+                pending[n] = (q, data)
+                heapq.heappush(heap, (t + delay_ms, n, 3, n))
+            budgets[who].reported(t)
+            remotes[who].expire(t)
+            heapq.heappush(heap, (t + report_ms, next(order), 1, who))
+        else:
+            q, data = pending.pop(who)
+            got = UsageReport.decode(data)
+            remotes[q].observe(got, got.sent_ms)
+    # whole cycles: from the first burst after 15 s to the last one begun (a burst: a 250 ms
+    # bucket above twice the quota after 5 s without one)
+    buckets: dict[int, int] = {}
+    for t, n in events:
+        buckets[t // 250] = buckets.get(t // 250, 0) + n
+    busy = 2 * QUOTA / 4
+    starts = [b * 250 for b in sorted(buckets) if buckets[b] > busy and b * 250 >= 15_000
+              and all(buckets.get(b - i, 0) <= busy for i in range(1, 21))]
+    assert len(starts) >= 3, starts
+    first, last = starts[0], starts[-1]
+    return sum(n for t, n in events if first <= t < last) * 1000.0 / (last - first) / QUOTA
+
+
+def test_design_a_holds_a_client_spread_over_two_processes_to_its_quota() -> None:
+    """One client, 4 connections over 2 processes: each process on its own lets it through
+    at about twice its quota; design A within 5 %, as one process does."""
+    assert simulate(1, 4, None) == pytest.approx(1.0, abs=0.05)
+    assert simulate(2, 4, None) == pytest.approx(2.0, abs=0.1)
+    assert simulate(2, 4, {}) == pytest.approx(1.0, abs=0.05)
+
+
+def test_lag_compensation_keeps_simultaneous_bursts_within_the_quota() -> None:
+    """Over 4 processes, every process sees the budget free at the same moment and, without
+    the compensation, each takes what is free before it hears of the others."""
+    assert simulate(4, 8, {"compensate_lag": False}) > 1.05
+    assert simulate(4, 8, {}) == pytest.approx(1.0, abs=0.05)
+
+
+def test_design_b_holds_a_client_spread_over_two_processes_to_its_quota() -> None:
+    assert simulate(2, 4, {"design": Design.DEMAND_SHARE}) == pytest.approx(1.0, abs=0.05)
