@@ -102,6 +102,24 @@ class SampledRate:
             elapsed += (self.samples - 1 - full) * self.window_ms
         return total, max(elapsed, 1)
 
+    def samples_at(self, now_ms: int) -> list[tuple[int, int, float]]:
+        """The samples with a value that a quota check at ``now_ms`` counts, as ``(start, last
+        event, value)`` (what a process reports of a budget it shares: ``quota.shared``)."""
+        expire = self.samples * self.window_ms
+        return [(s, last, v) for s, last, v in zip(self._starts, self._last, self._values,
+                                                   strict=True)
+                if v > 0.0 and now_ms - last < expire]
+
+    def oldest_start(self, now_ms: int) -> int:
+        """``min(start)`` over the samples a quota check at ``now_ms`` keeps (one due for
+        purging counts as reset at ``now_ms``); ``now_ms`` when there is none."""
+        expire = self.samples * self.window_ms
+        oldest = now_ms
+        for s, last in zip(self._starts, self._last, strict=True):
+            if now_ms - last < expire and s < oldest:
+                oldest = s
+        return oldest
+
     def window_size_ms(self, now_ms: int) -> int:
         """Kafka's ``Rate.windowSize``: the W the rate and the throttle time use (a pure read)."""
         return self.peek(now_ms)[1]

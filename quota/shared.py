@@ -186,24 +186,13 @@ def _decode(view: memoryview) -> UsageReport:
 
 # ---------------------------------------------------------------------- one process's samples
 def live_samples(rate: SampledRate, now_ms: int) -> list[tuple[int, int, float]]:
-    """The samples of ``rate`` with a value that a quota check at ``now_ms`` counts, as
-    ``(start, last event, value)``. (It reads ``SampledRate``'s arrays: the method this would
-    become there is ``SampledRate.samples_at(now_ms)``.)"""
-    expire = rate.samples * rate.window_ms
-    return [(s, last, v) for s, last, v in zip(rate._starts, rate._last, rate._values,
-                                               strict=True)
-            if v > 0.0 and now_ms - last < expire]
+    """``SampledRate.samples_at``: the samples a quota check at ``now_ms`` counts."""
+    return rate.samples_at(now_ms)
 
 
 def oldest_start(rate: SampledRate, now_ms: int) -> int:
-    """``min(start)`` over the samples a quota check at ``now_ms`` keeps (one due for purging
-    counts as reset at ``now_ms``); ``now_ms`` when there is none."""
-    expire = rate.samples * rate.window_ms
-    oldest = now_ms
-    for s, last in zip(rate._starts, rate._last, strict=True):
-        if now_ms - last < expire and s < oldest:
-            oldest = s
-    return oldest
+    """``SampledRate.oldest_start``: the oldest start a quota check at ``now_ms`` keeps."""
+    return rate.oldest_start(now_ms)
 
 
 def kafka_window(elapsed_ms: int, samples: int, window_ms: int) -> int:
