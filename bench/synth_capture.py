@@ -1,5 +1,6 @@
-"""Synthetic traffic captures (capture schema v1) for benchmarking the Spark jobs: millions of
-requests from thousands of client-ids over several brokers, with realistic bursts.
+"""Synthetic traffic captures (the current capture schema, one process) for benchmarking the
+Spark jobs: millions of requests from thousands of client-ids over several brokers, with
+realistic bursts.
 
 Each client-id is a producer or a consumer with a log-normal typical rate (a few heavy
 hitters, a long tail), sends requests of a log-normal size at Poisson times, and now and
@@ -57,6 +58,8 @@ def generate(out: Path, requests: int, entities: int, brokers: int, seed: int = 
         response_bytes = np.where(is_produce, 60, bytes_ + 90).astype(np.int32)
         columns = {
             "run": pa.array([run] * n, pa.string()),
+            "instance": pa.array(["synthetic"] * n, pa.string()),
+            "process": pa.array([f"synthetic/0/{start_ms}"] * n, pa.string()),
             "seq": np.arange(lo + 1, lo + n + 1, dtype=np.int64),
             "ts_ms": start_ms + ts,
             "quota_ms": ts.astype(np.int64),

@@ -137,6 +137,8 @@ def generate(out: Path, seconds: float = 720, brokers: int = 2, seed: int = 11,
     n = len(rows)
     columns = {
         "run": pa.array([RUN] * n, pa.string()),
+        "instance": pa.array(["synthetic"] * n, pa.string()),
+        "process": pa.array([f"synthetic/0/{START_MS}"] * n, pa.string()),
         "seq": rows["seq"].to_numpy(),
         "ts_ms": rows["ts_ms"].to_numpy(),
         "quota_ms": rows["quota_ms"].to_numpy(),

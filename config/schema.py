@@ -492,6 +492,34 @@ class StorageConfig(_Model):
             int(self.stale_after_seconds * 1000), StorageState(self.on_missing))
 
 
+class CoordinationConfig(_Model):
+    """Quota budgets shared by every process of every proxy instance on one cluster
+    (``docs/scale-out.md``): each process publishes its usage of every limited budget to a
+    compacted topic every ``report_ms`` and enforces Kafka's maths on the sum."""
+
+    enabled: bool | Literal["auto"] = Field(
+        default="auto", description="true, false, or auto: on when workers > 1. Instances that "
+        "serve the same clients need it set to true. Needs a restart to change.")
+    instance: str | None = Field(
+        default=None, min_length=1, max_length=200,
+        description="This instance's id in the usage reports (default: the host name).")
+    topic: str = Field(default="__kafka_quota_proxy_usage", min_length=1, max_length=249)
+    report_ms: int = Field(default=250, ge=20, le=10_000)
+    staleness_ms: int = Field(default=2000, ge=100, le=600_000)
+    expected_processes: int | None = Field(
+        default=None, ge=1, le=100_000,
+        description="The fallback's divisor before any report has been read (default: this "
+        "instance's workers).")
+    create_topic: bool = True
+
+    @model_validator(mode="after")
+    def _staleness_covers_reports(self) -> CoordinationConfig:
+        if self.staleness_ms < 2 * self.report_ms:
+            raise ValueError(f"staleness_ms ({self.staleness_ms}) must be at least twice "
+                             f"report_ms ({self.report_ms})")
+        return self
+
+
 class ProxyConfig(_Model):
     workers: Annotated[int, Field(ge=1, le=256)] | Literal["auto"] = Field(
         default=1, description="Processes serving the listeners together (SO_REUSEPORT): a "
@@ -505,6 +533,7 @@ class ProxyConfig(_Model):
     racks: RacksConfig | None = None
     capture: CaptureConfig | None = None
     storage: StorageConfig | None = None
+    coordination: CoordinationConfig = CoordinationConfig()
 
 
 class AgentFile(_Model):

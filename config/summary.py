@@ -27,6 +27,7 @@ def summarize(config: ProxyConfig) -> str:
         + (f"topic {config.storage.topic}, hard limit {config.storage.hard.type} "
            f"{config.storage.hard.level:g}, when data is missing {config.storage.on_missing}"
            if config.storage else "off"),
+        "shared budgets     : " + _coordination(config),
     ]
     for name, kind in config.listeners.kinds():
         security = kind.security
@@ -46,3 +47,14 @@ def summarize(config: ProxyConfig) -> str:
                  + (f", SASL {upstream.sasl.mechanism} as {upstream.sasl.username}"
                     if upstream.sasl else ""))
     return "\n".join(lines)
+
+
+def _coordination(config: ProxyConfig) -> str:
+    c = config.coordination
+    if c.enabled is False:
+        return "off (each process enforces its own budgets)"
+    how = (f"topic {c.topic}, report every {c.report_ms} ms, stale after {c.staleness_ms} ms"
+           f", instance {c.instance or '<host name>'}")
+    if c.enabled == "auto":
+        return f"auto: on when workers > 1 ({how})"
+    return f"on ({how})"

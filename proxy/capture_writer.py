@@ -7,13 +7,19 @@ the queue is full, the batch is dropped and counted: capture never slows or bloc
 Files are written as ``capture-<UTC time>-<n>.parquet.inprogress`` and renamed to
 ``.parquet`` when rotated (by size or age) or when the proxy stops, so readers only ever see
 complete files. The schema is versioned (``SCHEMA_VERSION``, also in each file's metadata);
-``docs/capture-schema.md`` documents it.
+``docs/capture-schema.md`` documents it; ``read_capture_file`` reads a file of any version as
+the current one.
+
+Each row names the process that wrote it (``run``, and since v4 ``instance`` and ``process``):
+processes keep their own quota clocks, so a capture written by several processes is replayed
+per process, and compared with one enforcement point (``spark_jobs.replay``).
 """
 
 from __future__ import annotations
 
 import os
 import queue
+import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -25,7 +31,13 @@ import pyarrow.parquet as pq
 from prometheus_client.core import CounterMetricFamily
 
 from proxy.logs import get_logger
-from quota.capture_schema import FIELD_NAMES, SCHEMA_VERSION, SCHEMA_VERSION_KEY
+from quota.capture_schema import (
+    FIELD_NAMES,
+    SCHEMA_VERSION,
+    SCHEMA_VERSION_KEY,
+    defaults_before,
+    process_id,
+)
 
 log = get_logger("kafka_quota_proxy.capture")
 
@@ -35,6 +47,8 @@ QUEUE_BATCHES = 64
 # The Parquet type of each field of ``CaptureRow`` (``quota.capture_schema``), in its order.
 _TYPES: dict[str, pa.DataType] = {
     "run": pa.string(),
+    "instance": pa.string(),
+    "process": pa.string(),
     "seq": pa.int64(),
     "ts_ms": pa.int64(),
     "quota_ms": pa.int64(),
@@ -67,6 +81,32 @@ SCHEMA = pa.schema(
     [pa.field(name, kind) for name, kind in FIELDS],
     metadata={SCHEMA_VERSION_KEY: str(SCHEMA_VERSION)},
 )
+
+
+def file_schema_version(schema: pa.Schema) -> int:
+    """The capture schema version of a file's schema (its metadata)."""
+    return int((schema.metadata or {}).get(SCHEMA_VERSION_KEY.encode(), b"1"))
+
+
+def read_capture_file(path: str | Path) -> pa.Table:
+    """One capture file, of any schema version, as the current ``SCHEMA``: the fields an
+    older file lacks take their defaults (``quota.capture_schema.defaults_before``:
+    ``storage_scale`` null; ``instance`` "" and ``process`` the row's ``run``)."""
+    table = pq.read_table(path)
+    version = file_schema_version(table.schema)
+    n = table.num_rows
+    defaults = defaults_before(version, "")
+    columns = []
+    for name, kind in FIELDS:
+        if name in table.column_names:
+            columns.append(table.column(name).cast(kind))
+        elif name == "process":  # (its default is the row's run)
+            columns.append(table.column("run").cast(kind))
+        elif defaults.get(name) is None:
+            columns.append(pa.nulls(n, kind))
+        else:
+            columns.append(pa.array([defaults[name]] * n, kind))
+    return pa.Table.from_arrays(columns, schema=SCHEMA)
 
 
 class CaptureWriter(threading.Thread):
@@ -147,15 +187,22 @@ class CaptureWriter(threading.Thread):
 
 
 class Capture:
-    """The event-loop side: ``record(row)`` appends; full batches go to the writer thread."""
+    """The event-loop side: ``record(row)`` appends; full batches go to the writer thread.
+
+    ``instance``: the proxy instance's id ("": the host name); ``process``: this process's id,
+    ``<instance>/<worker index>/<start, Unix ms>`` ("": worker 0, started now). Every row
+    carries both (``CaptureFilter``), and ``run`` (``<pid>-<start, Unix ms>``)."""
 
     def __init__(self, directory: str | Path, rotate_mb: float = 128,
                  rotate_seconds: float = 300, queue_batches: int = QUEUE_BATCHES,
-                 batch: int = BATCH) -> None:
+                 batch: int = BATCH, instance: str = "", process: str = "") -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.batch = batch
-        self.run = f"{os.getpid()}-{int(time.time() * 1000)}"
+        start_ms = int(time.time() * 1000)
+        self.run = f"{os.getpid()}-{start_ms}"
+        self.instance = instance or socket.gethostname()
+        self.process = process or process_id(self.instance, 0, start_ms, os.getpid())
         self._rows: list[tuple[Any, ...]] = []
         self._queue: queue.Queue[list[tuple[Any, ...]] | None] = queue.Queue(queue_batches)
         self.writer = CaptureWriter(self.directory, int(rotate_mb * 1024 * 1024),

@@ -27,7 +27,9 @@ from config.schema import HostPort, ProxyConfig
 from proxy.capture_writer import Capture
 from proxy.clock import now_ms
 from proxy.cluster import OwnIdentity, fetch_brokers
+from proxy.cluster_topics import TopicReader
 from proxy.connection import ProxiedConnection
+from proxy.coordination import Coordination, own_process_id
 from proxy.filters.base import Filter, FilterFactory
 from proxy.filters.capture import CaptureFilter
 from proxy.filters.fetch_routing import FetchRouting, FetchRoutingFilter
@@ -130,6 +132,25 @@ class Proxy:
                                         config.upstream.bootstrap_servers,
                                         lambda: self.live_brokers)
             self.stats.feature_families.append(self.storage.metric_families)
+        # budgets shared with the other processes and instances (``proxy.coordination``)
+        c = config.coordination
+        self.process = own_process_id(c.instance, worker)
+        self.coordination: Coordination | None = None
+        if c.enabled is True or (c.enabled == "auto" and worker is not None):
+            from proxy.workers import worker_count
+
+            self.coordination = Coordination(
+                c, self.quotas, [str(b) for b in config.upstream.bootstrap_servers],
+                self.process, c.expected_processes or worker_count(config))
+            self.stats.feature_families.append(self.coordination.metric_families)
+        # one reader for the proxy's own topics (the volume topic, the usage topic)
+        self.topics: TopicReader | None = None
+        if self.storage is not None or self.coordination is not None:
+            self.topics = TopicReader([str(b) for b in config.upstream.bootstrap_servers])
+            for feature in (self.storage, self.coordination):
+                if feature is not None:
+                    self.topics.subscribe(feature.subscription())
+        self._coordinating: list[asyncio.Task[Any]] = []  # stopped after the drain
         self.upstream_tls: ssl.SSLContext | None = None  # made at start (files read then)
         self.own_identity: OwnIdentity | None = None  # toward brokers requiring SASL
 
@@ -164,8 +185,11 @@ class Proxy:
             if own is not None:
                 password = read_secret(own.password_file, "upstream.sasl.password_file")
                 self.own_identity = OwnIdentity(own.mechanism, own.username, password)
-            if self.storage is not None:
-                self.storage.client_options = kafka_client_options(self.config.upstream)
+            options = kafka_client_options(self.config.upstream)
+            if self.topics is not None:
+                self.topics.client_options = options
+            if self.coordination is not None:
+                self.coordination.client_options = options
         except TlsFileError as exc:
             raise StartupError(str(exc)) from None
         for kind in self.kinds:
@@ -196,7 +220,9 @@ class Proxy:
             c = self.config.capture
             try:
                 self.capture = Capture(c.dir, c.rotate_mb, c.rotate_seconds,
-                                       queue_batches=c.queue_batches, batch=c.batch_records)
+                                       queue_batches=c.queue_batches, batch=c.batch_records,
+                                       instance=self.process.split("/", 1)[0],
+                                       process=self.process)
             except OSError as exc:
                 for server in self.servers.values():
                     server.close()
@@ -215,6 +241,11 @@ class Proxy:
                 self._spawn(watch)
         if self.storage is not None:
             self._spawn(self.storage.run())
+        if self.coordination is not None:
+            loop = asyncio.get_running_loop()
+            self._coordinating.append(loop.create_task(self._coordinate(self.coordination)))
+        if self.topics is not None:
+            self._coordinating.append(asyncio.get_running_loop().create_task(self.topics.run()))
         if self.config_path is not None and self.config.quotas.watch_seconds > 0:
             self._spawn(self._watch_config())
         log.info(
@@ -225,6 +256,10 @@ class Proxy:
             upstream=[str(s) for s in self.config.upstream.bootstrap_servers],
             metrics=str(self.config.metrics.listen) if self.config.metrics.listen else None,
         )
+
+    async def _coordinate(self, coordination: Coordination) -> None:
+        await coordination.ensure_topic()
+        await coordination.run()
 
     def spawn(self, coro: Any) -> None:
         self._spawn(coro)
@@ -503,6 +538,11 @@ class Proxy:
         for server in self.servers.values():
             with contextlib.suppress(Exception):
                 await server.wait_closed()
+        for task in self._coordinating:  # reported and read until the last request was done
+            task.cancel()
+        await asyncio.gather(*self._coordinating, return_exceptions=True)
+        if self.coordination is not None:
+            await self.coordination.stop()
         if self.capture is not None:
             capture, self.capture = self.capture, None
             await asyncio.get_running_loop().run_in_executor(None, capture.close)

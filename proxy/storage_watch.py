@@ -10,15 +10,14 @@ and apply it to producers:
   ``throttle_time_ms`` = ``pause_throttle_ms``. Nothing is failed; a client that gives up and
   closes takes its waiting request with it, so nothing reaches the broker twice.
 
-At start the topic is read from the beginning; until it has been read to its end, and
-whenever a broker in the metadata has no fresh snapshot, the fail-safe (``on_missing``)
-applies.
+At start the topic is read from the beginning (by the process's ``TopicReader``); until it
+has been read to its end, and whenever a broker in the metadata has no fresh snapshot, the
+fail-safe (``on_missing``) applies.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,8 +26,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from config.schema import HostPort, StorageConfig
 from proxy.clock import wall_ms
+from proxy.cluster_topics import Subscription
 from proxy.flow import ReadGate
-from proxy.logs import route_client_logs
 from quota.enforcer import QuotaEnforcer
 from quota.storage import OPEN, ClusterVolumes, Snapshot, SnapshotError, State, Verdict
 
@@ -46,8 +45,6 @@ class StorageWatch:
         self.bootstrap = [str(b) for b in bootstrap]
         self.known_brokers = known_brokers
         self.clock = clock
-        # aiokafka's TLS and SASL options (``proxy.tls.kafka_client_options``), set at start
-        self.client_options: dict[str, Any] = {}
         self.pause_ms = config.pause_throttle_ms
         quotas.configure_storage(config.unquoted_producer_byte_rate,
                                  frozenset(config.exempt_users),
@@ -128,72 +125,27 @@ class StorageWatch:
         self.cluster.update(snapshot)
 
     # ------------------------------------------------------------------ tasks
+    def subscription(self) -> Subscription:
+        """What the process's ``TopicReader`` reads for this feature: the volume topic from
+        its beginning; a topic no agent has made yet counts as read."""
+        return Subscription(self.config.topic, lambda key, value, _ts: self.observe(key, value),
+                            self._reader_state, missing_ok=True)
+
+    def _reader_state(self, connected: bool, reading: bool) -> None:
+        if self.connected and not connected:
+            self.read_errors += 1
+        self.connected = connected
+        if reading and not self.caught_up:
+            self.caught_up = True
+            log.info("storage_state_rebuilt", brokers=sorted(self.cluster.snapshots))
+            self.evaluate()
+
     async def run(self) -> None:
-        """Read the topic and re-evaluate, until cancelled."""
-        route_client_logs()
-        reader = asyncio.get_running_loop().create_task(self._read_forever())
-        try:
-            while True:
-                self.evaluate()
-                await asyncio.sleep(self.config.evaluate_seconds)
-        finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
-
-    async def _read_forever(self) -> None:
-        delay = 0.5
+        """Re-evaluate every ``evaluate_seconds``, until cancelled (the records come from the
+        process's ``TopicReader``)."""
         while True:
-            try:
-                await self._read()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the cluster is away: try again
-                self.read_errors += 1
-                self.connected = False
-                log.warning("storage_read_failed", topic=self.config.topic, error=repr(exc))
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
-
-    async def _read(self) -> None:
-        from aiokafka import AIOKafkaConsumer, TopicPartition
-
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
-            auto_offset_reset="earliest", client_id="kafka-quota-proxy-storage",
-            request_timeout_ms=10_000, metadata_max_age_ms=5_000, **self.client_options)
-        await consumer.start()
-        try:
-            topic = self.config.topic
-            partitions: set[int] | None = None
-            while not partitions:
-                partitions = consumer.partitions_for_topic(topic)
-                if not partitions:
-                    await consumer.force_metadata_update()
-                    partitions = consumer.partitions_for_topic(topic)
-                if not partitions:
-                    self.connected = True
-                    # No agent has published yet: nothing to wait for.
-                    if not self.caught_up:
-                        self.caught_up = True
-                        self.evaluate()
-                    await asyncio.sleep(1.0)
-            assigned = [TopicPartition(topic, p) for p in sorted(partitions)]
-            consumer.assign(assigned)
-            await consumer.seek_to_beginning(*assigned)
-            ends = await consumer.end_offsets(assigned)
-            self.connected = True
-            while True:
-                batches = await consumer.getmany(timeout_ms=500)
-                for records in batches.values():
-                    for record in records:
-                        self.observe(record.key, record.value)
-                if not self.caught_up and await _at_end(consumer, ends):
-                    self.caught_up = True
-                    log.info("storage_state_rebuilt", brokers=sorted(self.cluster.snapshots))
-                    self.evaluate()
-        finally:
-            await consumer.stop()
+            self.evaluate()
+            await asyncio.sleep(self.config.evaluate_seconds)
 
     def describe(self) -> dict[str, Any]:
         v = self.verdict
@@ -252,9 +204,3 @@ class StorageWatch:
         yield from (usage, level, stale)
 
 
-
-async def _at_end(consumer: Any, ends: dict[Any, int]) -> bool:
-    for tp, end in ends.items():
-        if await consumer.position(tp) < end:
-            return False
-    return True

@@ -6,15 +6,22 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # the key of the schema version in each file's metadata
 SCHEMA_VERSION_KEY = "kafka_quota_proxy.capture_schema_version"
+# The schema version that added each field that older files lack; readers give such a field
+# its default (``defaults_before``).
+ADDED_IN = {"storage_scale": 2, "instance": 4, "process": 4}
 
 
 class CaptureRow(NamedTuple):
     """One capture record, built by field name."""
 
     run: str  # one proxy process: "<pid>-<start, Unix ms>"
+    # v4: the proxy instance (e.g. its host name) and the process within it, "<instance>/<worker
+    # index>/<start, Unix ms>" (``process_id``), as shared quota budgets name processes
+    instance: str
+    process: str
     seq: int  # order of the records within the run
     ts_ms: int  # wall clock (Unix ms) when the request was read
     quota_ms: int  # the quota engine's clock (monotonic ms) at recording time
@@ -46,3 +53,17 @@ class CaptureRow(NamedTuple):
 
 
 FIELD_NAMES: tuple[str, ...] = CaptureRow._fields
+
+
+def process_id(instance: str, worker: int, start_ms: int, pid: int) -> str:
+    """A process's id: ``<instance>/<worker index>/<pid>-<start time, Unix ms>`` (a restarted
+    worker is a new process; ``docs/scale-out.md``): the key of its usage reports too."""
+    return f"{instance}/{worker}/{pid}-{start_ms}"
+
+
+def defaults_before(version: int, run: str) -> dict[str, object]:
+    """What a reader takes for the fields a file of schema ``version`` lacks, in a row of
+    ``run``: ``storage_scale`` None (v1), ``instance`` "" and ``process`` the run (v1-v3: one
+    run was one process)."""
+    defaults: dict[str, object] = {"storage_scale": None, "instance": "", "process": run}
+    return {name: value for name, value in defaults.items() if ADDED_IN[name] > version}

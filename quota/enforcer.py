@@ -9,10 +9,21 @@ bootstrap listener (metadata, mostly) get one of their own. Time comes in as an 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from quota.entities import QuotaType
-from quota.manager import QuotaManager, QuotaSettings, Sensor, StorageScaling
+from quota.manager import (
+    BudgetHook,
+    HeadroomHook,
+    QuotaManager,
+    QuotaSettings,
+    Sensor,
+    StorageScaling,
+)
+
+# a broker's scope -> the hooks of its budgets shared with other processes (``quota.shared``)
+SharedHooks = Callable[[int], tuple[BudgetHook, HeadroomHook]]
 
 BOOTSTRAP_SCOPE = -1
 
@@ -33,7 +44,15 @@ class QuotaEnforcer:
         # Storage-aware throttling (see ``set_storage``), shared by every broker's manager
         self.storage = StorageScaling()
         self.storage_epoch = 0  # bumped whenever the storage scale changes
+        self.shared: SharedHooks | None = None
         self._refresh_enabled()
+
+    def share(self, hooks: SharedHooks) -> None:
+        """Enforce every budget against the usage of every process sharing it (issue 16):
+        each broker's manager gets ``hooks(scope)``, those made already included."""
+        self.shared = hooks
+        for scope, m in self.managers.items():
+            m.hook, m.headroom_hook = hooks(scope)
 
     @property
     def produce_scale(self) -> float | None:
@@ -73,7 +92,9 @@ class QuotaEnforcer:
     def manager(self, scope: int) -> QuotaManager:
         m = self.managers.get(scope)
         if m is None:
-            m = self.managers[scope] = QuotaManager(self.settings, storage=self.storage)
+            hook, headroom = self.shared(scope) if self.shared is not None else (None, None)
+            m = self.managers[scope] = QuotaManager(self.settings, storage=self.storage,
+                                                    hook=hook, headroom=headroom)
         return m
 
     def update(self, settings: QuotaSettings) -> None:

@@ -71,6 +71,9 @@ class Sensor:
 
 # (sensor, value recorded, rate measured, window ms, now ms) -> (rate, window ms, bound)
 BudgetHook = Callable[["Sensor", float, float, int, int], tuple[float, int, float]]
+# (sensor, now ms, bound in force) -> whether the values in flight, recorded now, would still
+# be below the bound (``Sensor.headroom`` over every process sharing the budget)
+HeadroomHook = Callable[["Sensor", int, float], bool]
 
 
 def percent_of_thread(request_time_ms: float) -> float:
@@ -100,10 +103,13 @@ class StorageScaling:
 
 class QuotaManager:
     def __init__(self, settings: QuotaSettings, idle_expiry_ms: int = ONE_HOUR_MS,
-                 storage: StorageScaling | None = None, hook: BudgetHook | None = None) -> None:
+                 storage: StorageScaling | None = None, hook: BudgetHook | None = None,
+                 headroom: HeadroomHook | None = None) -> None:
         # ``hook``: where a limited budget is checked, turns this process's measure into the
-        # one enforced (the usage of every process sharing the budget: ``quota.shared``)
+        # one enforced (the usage of every process sharing the budget: ``quota.shared``);
+        # ``headroom``: the same for the pipelining check of produce budgets
         self.hook = hook
+        self.headroom_hook = headroom
         self.idle_expiry_ms = idle_expiry_ms
         self.sensors: dict[tuple[QuotaType, Tags], Sensor] = {}
         self.settings = settings
@@ -279,6 +285,8 @@ class QuotaManager:
         sensor = self.sensor(QuotaType.PRODUCE, user, client_id, now_ms)
         bound = self.produce_bound(sensor.bound, user, client_id)
         if self.storage.scale is None or self.storage.exempt(user, client_id):
+            if self.headroom_hook is not None and bound is not None:
+                return self.headroom_hook(sensor, now_ms, bound)
             return sensor.headroom(now_ms, bound)
         if bound is None or bound <= 0:
             return False

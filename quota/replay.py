@@ -7,6 +7,10 @@ requests of one broker, in order, and yields the throttle each quota type return
 config that was live at capture time this reproduces the proxy's throttles; under another it
 answers "what would that config have done".
 
+``let_through`` runs the same engine as a client that waits out its throttles would meet it:
+which requests one enforcement point would have let through (for captures written by several
+processes, ``spark_jobs.replay.single_point``).
+
 Also here: ``settings_from_section``, the ``quotas`` config section (as a plain mapping, as
 in YAML or the ``quotas-*.json`` files next to a capture) as ``QuotaSettings``. It trusts the
 shape; the proxy's config loader validates it.
@@ -14,7 +18,7 @@ shape; the proxy's config loader validates it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -136,21 +140,24 @@ def replay(requests: Iterable[Recorded],
 Row = tuple[int, str, str, int, int, int, int, float, bool, int, float | None]
 
 
+Throttled = tuple[list[int], list[int], list[int]]
+
+
 def replay_rows(rows: Iterable[Row], settings: QuotaSettings | Callable[[int], QuotaSettings],
                 idle_expiry_ms: int = ONE_HOUR_MS, storage: StorageSettings | None = None,
-                ) -> tuple[list[int], list[int], list[int]]:
+                results: Throttled | None = None) -> Throttled:
     """The engine behind ``replay``, over plain tuples (quota_ms, user, client_id, api_key,
     request_bytes, response_bytes, duration_us, request_time_ms, follower, quota_generation,
     storage_scale) for speed: the produce, fetch and request throttles, one per row. A
-    ``storage_scale`` that is None, NaN or negative means none was in force."""
+    ``storage_scale`` that is None, NaN or negative means none was in force. ``results``:
+    the three lists to append to (and return), so that a caller feeding ``rows`` lazily can
+    read each row's throttles before it hands over the next (``let_through``)."""
     by_generation = settings if callable(settings) else None
     manager: QuotaManager | None = None
     generation = 0
     produce_on = fetch_on = request_on = False
     model = RequestTimeModel()
-    produce: list[int] = []
-    fetch: list[int] = []
-    request: list[int] = []
+    produce, fetch, request = results if results is not None else ([], [], [])
     put_p, put_f, put_r = produce.append, fetch.append, request.append
     PRODUCE, FETCH, REQUEST = QuotaType.PRODUCE, QuotaType.FETCH, QuotaType.REQUEST
 
@@ -201,3 +208,40 @@ def replay_rows(rows: Iterable[Row], settings: QuotaSettings | Callable[[int], Q
         put_f(f)
         put_r(q)
     return produce, fetch, request
+
+
+def let_through(rows: Sequence[Row], connections: Sequence[Hashable],
+                settings: QuotaSettings | Callable[[int], QuotaSettings],
+                idle_expiry_ms: int = ONE_HOUR_MS, storage: StorageSettings | None = None,
+                ) -> list[bool]:
+    """Which of ``rows`` (as ``replay_rows`` takes them: one quota engine's, in order, on its
+    clock) the engine would have let through had every connection (``connections``: a key
+    per row) waited out its throttles: a request that arrives while its connection is held
+    back (an earlier request let through on it was throttled, the largest of its three
+    throttles, until after this one's ``quota_ms``) is not let through and not recorded; the
+    others are recorded, in order, as ``replay_rows`` records them.
+
+    The capture is open loop (its requests came when they came): dropping the held ones is
+    how this approximates the closed loop, a client whose demand exceeds its quota getting
+    what the quota allows of it. It does not move a held request to later."""
+    results: Throttled = ([], [], [])
+    produce, fetch, request = results
+    passed: list[bool] = []
+    held_until: dict[Hashable, int] = {}
+
+    def admitted() -> Iterator[Row]:
+        for row, key in zip(rows, connections, strict=True):
+            now = row[0]
+            until = held_until.get(key)
+            if until is not None and now < until:
+                passed.append(False)
+                continue
+            passed.append(True)
+            yield row
+            # the engine has recorded the row (it asks for the next one only then)
+            held = max(produce[-1], fetch[-1], request[-1])
+            if held > 0:
+                held_until[key] = now + held
+
+    replay_rows(admitted(), settings, idle_expiry_ms, storage, results)
+    return passed

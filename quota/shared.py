@@ -46,6 +46,7 @@ from quota.entities import QuotaType
 from quota.manager import (
     ONE_HOUR_MS,
     BudgetHook,
+    HeadroomHook,
     QuotaManager,
     QuotaSettings,
     Sensor,
@@ -486,6 +487,39 @@ class SharedBudgets:
             return self.measure(broker, sensor, value, rate, window_ms, now_ms)
         return measure
 
+    def hooks(self, broker: int) -> tuple[BudgetHook, HeadroomHook]:
+        """Both hooks of ``broker``'s ``QuotaManager`` (``QuotaEnforcer.share``)."""
+        def headroom(sensor: Sensor, now_ms: int, bound: float) -> bool:
+            return self.headroom(broker, sensor, now_ms, bound)
+        return self.hook(broker), headroom
+
+    def headroom(self, broker: int, sensor: Sensor, now_ms: int, bound: float) -> bool:
+        """``Sensor.headroom`` over every process: whether this process's values in flight,
+        recorded now, would leave the budget below ``bound`` counting the others' usage as
+        ``measure`` does (without it, a client could pipeline past its first throttle)."""
+        if not self.coordinate:
+            return sensor.headroom(now_ms, bound)
+        key = (broker, sensor.quota_type, *sensor.tags)
+        remote = self.remote
+        if remote.fallback(now_ms):
+            return sensor.headroom(now_ms, fallback_bound(bound, remote.fallback_processes))
+        if self.design is Design.GLOBAL_SUM:
+            others, oldest = remote.others(key, now_ms)
+            in_flight = sensor.in_flight
+            if self.compensate_lag:
+                # each other process active in the budget is taken to have done what this one
+                # did since its report, and to have as much in flight as this one has
+                unseen, active = self._unseen(key, now_ms)
+                others += unseen + active * in_flight
+            if others <= 0.0:
+                return sensor.headroom(now_ms, bound)
+            observed, _ = global_sum(sensor.rate, others + in_flight, oldest, now_ms)
+            return observed < bound
+        mine = remote.own_demand(key, now_ms, self.demand_horizon_ms)
+        share = demand_share(mine, remote.demands(key, now_ms, self.demand_horizon_ms),
+                             self.floor, remote.live(now_ms))
+        return sensor.headroom(now_ms, bound * share)
+
     def measure(self, broker: int, sensor: Sensor, value: float, rate: float,
                 window_ms: int, now_ms: int) -> tuple[float, int, float]:
         bound = sensor.bound
@@ -527,19 +561,24 @@ class SharedBudgets:
         each other process active in it (``RemoteUsage.active``), what this process recorded
         into it since its own last report made before theirs (all it recorded, when it made
         none since it began using the budget)."""
+        return self._unseen(key, now_ms)[0]
+
+    def _unseen(self, key: BudgetKey, now_ms: int) -> tuple[float, int]:
+        """``unseen``, and how many other processes are active in ``key``."""
+        active = self.remote.active(key, now_ms, self.active_ms)
         own = self._own.get(key)
         if own is None:
-            return 0.0
+            return 0.0, len(active)
         got = 0.0
         ticks = own.ticks
-        for as_of in self.remote.active(key, now_ms, self.active_ms):
+        for as_of in active:
             before = 0.0
             for t, total in ticks:
                 if t > as_of:
                     break
                 before = total
             got += own.total - before
-        return got
+        return got, len(active)
 
     def others_counted(self, key: BudgetKey, now_ms: int) -> float:
         """The others' usage of ``key`` that design A counts at ``now_ms``."""

@@ -19,7 +19,19 @@ def read_capture(spark: SparkSession, directory: str | Path) -> DataFrame:
     frame = spark.read.option("mergeSchema", "true").parquet(*files)
     if "storage_scale" not in frame.columns:  # schema v1
         frame = frame.withColumn("storage_scale", F.lit(None).cast("double"))
-    return frame
+    return with_processes(frame)
+
+
+def with_processes(frame: DataFrame) -> DataFrame:
+    """``instance`` and ``process`` (capture schema v4) for rows of any version: rows written
+    before v4 (the columns missing, or null where older files are read with newer ones) take
+    instance "" and process = their run (``quota.capture_schema.defaults_before``)."""
+    instance = F.col("instance") if "instance" in frame.columns else F.lit(None)
+    process = F.col("process") if "process" in frame.columns else F.lit(None)
+    return frame.withColumns({
+        "instance": F.coalesce(instance.cast("string"), F.lit("")),
+        "process": F.coalesce(process.cast("string"), F.col("run")),
+    })
 
 
 def read_live_configs(directory: str | Path) -> dict[tuple[str, int], Mapping[str, Any]]:

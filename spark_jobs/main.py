@@ -27,10 +27,15 @@ from spark_jobs.profile import (
     recorded_throttles,
 )
 from spark_jobs.replay import (
+    Catalog,
+    MultiProcess,
     catalog_of,
     entity_totals,
     match_rate,
+    overlapping,
+    process_spans,
     replay_summary,
+    single_point,
     throttle_histogram,
 )
 from spark_jobs.session import spark_session
@@ -71,14 +76,14 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
     captures = read_capture(spark, capture_dir)
     live = read_live_configs(capture_dir)
     storage = read_storage_settings(capture_dir)
-    span = captures.agg(F.count("*").alias("n"), F.min("ts_ms").alias("first"),
-                        F.max("ts_ms").alias("last")).first()
-    assert span is not None
-    start_s, end_s = whole_minutes(span["first"], span["last"], options.span_seconds)
+    spans = process_spans(captures)  # per process: requests, first and last, clock offset
+    start_s, end_s = whole_minutes(int(spans["first_ms"].min()), int(spans["last_ms"].max()),
+                                   options.span_seconds)
     minutes = (end_s - start_s) / 60
-    facts: dict[str, Any] = {"requests": int(span["n"]),
+    facts: dict[str, Any] = {"requests": int(spans["requests"].sum()),
                              "whole minutes": int(minutes) if minutes.is_integer()
-                             else round(minutes, 2)}
+                             else round(minutes, 2),
+                             "processes": len(spans)}
     catalog = catalog_of(captures)  # the names the replays move as numbers
     pairs = list(catalog.names.entities.values())
     phase("read")
@@ -90,6 +95,16 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
         facts["reproduction match"] = f"{matched}/{total} ({matched / max(total, 1):.4%})"
         facts["match_rate"] = matched / max(total, 1)
         phase("reproduction replay")
+
+    multi = _multi_process(captures, spans, candidate, live, catalog, storage)
+    if multi is not None:
+        instances = multi.processes["instance"].replace("", None).nunique()
+        facts["multi-process capture"] = (
+            f"{len(multi.processes)} processes ({instances or 'unknown'} instances) ran at the "
+            "same time: see \"Multi-process capture\"")
+        multi.processes.to_csv(out / "processes.csv", index=False)
+        multi.budgets.to_csv(out / "multi_process.csv", index=False)
+        phase("single-point replay")
 
     sec = entity_seconds(captures).cache()  # shared by the profile and the budgets' demand
     profile = _pandas(entity_profile(captures, catalog.entity_frame, sec))
@@ -156,13 +171,39 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
     facts["seconds"] = round(time.monotonic() - started, 1)
     facts["seconds by phase"] = phases
     report.write_report(out, {k: v for k, v in facts.items() if k != "match_rate"}, profile,
-                        before_after, plots, recommendation, label, base_label)
+                        before_after, plots, recommendation, label, base_label, multi)
     (out / "summary.json").write_text(json.dumps(facts, indent=1, default=str))
     return facts
 
 
 def _pandas(df: DataFrame) -> pd.DataFrame:
     return cast(pd.DataFrame, df.toPandas())
+
+
+def _multi_process(captures: DataFrame, spans: pd.DataFrame,
+                   candidate: Mapping[str, Any] | None,
+                   live: Mapping[tuple[str, int], Mapping[str, Any]],
+                   catalog: Catalog, storage: Mapping[str, Mapping[str, Any]],
+                   ) -> MultiProcess | None:
+    """For a capture of processes that ran at the same time (``replay.overlapping``): each
+    budget's rate as recorded and under one enforcement point, under the configs that were
+    live (budgets and quotas of the last one), else the config given. None for a capture of
+    one process at a time, or with no config to measure budgets by."""
+    if not overlapping(spans):
+        return None
+    if live:
+        base, base_label = _base(None, live)
+        config = ("the configs live in the capture (each request under its own run's), "
+                  f"budgets and quotas as in {base_label}")
+        budgets = single_point(captures, spans, live=live, base=base, catalog=catalog,
+                               storage=storage)
+    elif candidate is not None:
+        config = "the config given (--config): the capture has no live config"
+        budgets = single_point(captures, spans, candidate=candidate, catalog=catalog,
+                               storage=storage)
+    else:
+        return None
+    return MultiProcess(spans, budgets, config)
 
 
 def _base(candidate: Mapping[str, Any] | None,

@@ -3,21 +3,33 @@ broker (the proxy keeps one quota manager per upstream broker), under the config
 (reproduction) or a candidate; then per-entity totals and the match rate.
 
 Each (run, broker) is split further into buckets of users or client-ids that share no quota
-budget under the configs replayed, so the work spreads over every core evenly."""
+budget under the configs replayed, so the work spreads over every core evenly.
+
+A capture written by several processes whose runs overlap in time (``process_spans``,
+``overlapping``) is also replayed through one quota engine per broker, a single enforcement
+point, on one clock (``single_point``): per budget, the rate each process let through
+together, against its quota, and what one engine would have done."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 from pyspark.sql import Column, DataFrame, GroupedData
 from pyspark.sql import functions as F
 
-from quota.manager import QuotaSettings
-from quota.replay import StorageSettings, independent_by, replay_rows, settings_from_section
+from quota.entities import QuotaType, metric_tags, quota_limit
+from quota.manager import QuotaSettings, percent_of_thread
+from quota.replay import (
+    StorageSettings,
+    independent_by,
+    let_through,
+    replay_rows,
+    settings_from_section,
+)
 
 # What crosses to the Python workers: numbers only. Strings cost more to move than the engine
 # costs to run, so run and (user, client-id) travel as 64-bit hashes and come back through a
@@ -260,3 +272,205 @@ def throttle_histogram(summary: DataFrame) -> DataFrame:
     """Throttled requests per throttle bucket (lower bound, ms), from ``replay_summary``."""
     return (summary.where(F.col("bucket_ms") >= 0).groupBy("bucket_ms")
             .agg(F.sum("requests").alias("requests")).orderBy("bucket_ms"))
+
+
+# ---------------------------------------------------------------- multi-process captures
+
+def process_spans(captures: DataFrame) -> pd.DataFrame:
+    """Per process (``process``, ``instance``, ``run``; capture schema v4, defaulted for older
+    captures by ``capture.with_processes``): requests, the first and last ``ts_ms``, and the
+    offset of its quota clock from the wall clock, the median of ``ts_ms - quota_ms`` over its
+    rows (``ts_ms`` is when the request was read, ``quota_ms`` when it was recorded: the
+    median takes the usual gap between the two with it, the same for every process)."""
+    rows = captures.groupBy("process", "instance", "run").agg(
+        F.count("*").alias("requests"), F.min("ts_ms").alias("first_ms"),
+        F.max("ts_ms").alias("last_ms"),
+        F.percentile_approx(F.col("ts_ms") - F.col("quota_ms"), 0.5, 10_000).alias(
+            "offset_ms")).collect()
+    out = pd.DataFrame([r.asDict() for r in rows],
+                       columns=["process", "instance", "run", "requests", "first_ms",
+                                "last_ms", "offset_ms"])
+    return out.sort_values(["first_ms", "process"]).reset_index(drop=True)
+
+
+def overlapping(spans: pd.DataFrame) -> bool:
+    """Whether two processes of ``process_spans`` were running at the same time (their
+    ``[first_ms, last_ms]`` intersect): a capture of one process, or of one after the other
+    (restarts), is not a multi-process capture."""
+    latest = None
+    for first, last in sorted(zip(spans["first_ms"], spans["last_ms"], strict=True)):
+        if latest is not None and first <= latest:
+            return True
+        latest = last if latest is None else max(latest, last)
+    return False
+
+
+# Per (broker, budget) from each single-point group (``_single_point_group``).
+SINGLE_POINT = ("broker int, quota_type string, budget_user string, budget_client string, "
+                "quota double, processes int, requests long, value double, "
+                "let_through double, traffic_ms double, recorded_throttled long, "
+                "recorded_held_ms long, replayed_throttled long, replayed_held_ms long")
+
+_TYPES = (QuotaType.PRODUCE, QuotaType.FETCH, QuotaType.REQUEST)
+
+
+def _single_point_group(pdf: pd.DataFrame, settings: QuotaSettings | Callable[[int], QuotaSettings],
+                        code_of: Mapping[tuple[int, int], int] | None,
+                        offsets: Mapping[int, int], base: QuotaSettings, catalog: Names,
+                        storage: StorageSettings | None) -> pd.DataFrame:
+    """One (broker, bucket) of every run on one clock through one quota engine, twice: every
+    request recorded (the throttles one engine returns), and the requests it would have let
+    through (``quota.replay.let_through``); then summed per budget of ``base`` with a
+    quota. ``code_of``: (run id, quota generation) -> the number ``settings`` takes (None:
+    ``settings`` is one config)."""
+    pdf = pdf.assign(aligned=pdf["quota_ms"] + pdf["run_id"].map(offsets)).sort_values(
+        ["aligned", "run_id", "seq"], kind="stable").reset_index(drop=True)
+    codes, uniques = pd.factorize(pdf["entity"])
+    names = [catalog.entities[int(e)] for e in uniques]
+    users = [names[c][0] for c in codes]
+    client_ids = [names[c][1] for c in codes]
+    generations = [0] * len(pdf)
+    if code_of is not None:
+        for j, key in enumerate(zip(pdf["run_id"].tolist(), pdf["quota_generation"].tolist(),
+                                    strict=True)):
+            if key not in code_of:
+                raise KeyError(f"no quotas-{catalog.runs[key[0]]}-{key[1]:05d}.json in the "
+                               "capture")
+            generations[j] = code_of[key]
+    rows = list(zip(pdf["aligned"].tolist(), users, client_ids,
+                    *[pdf[c].tolist() for c in ("api_key", "request_bytes", "response_bytes",
+                                                "duration_us", "request_time_ms", "follower")],
+                    generations, pdf["storage_scale"].tolist(), strict=True))
+    replayed = replay_rows(rows, settings, storage=storage)
+    passed = np.asarray(let_through(
+        rows, list(zip(pdf["run_id"].tolist(), pdf["connection"].tolist(), strict=True)),
+        settings, storage=storage), dtype=bool)
+    api_key = pdf["api_key"].to_numpy()
+    follower = pdf["follower"].to_numpy(dtype=bool)
+    response = pdf["response_bytes"].to_numpy()
+    request = pdf["request_bytes"].to_numpy()
+    model = base.request_time
+    elapsed = [t if t > 0 else model.broker_ms(q, r) for t, q, r in zip(
+        pdf["request_time_ms"].tolist(), request.tolist(), response.tolist(), strict=True)]
+    recording = {  # what each quota type records of each request (quota.recording), where
+        QuotaType.PRODUCE: (api_key == 0, request - 4.0),
+        QuotaType.FETCH: ((api_key == 1) & ~follower, response - 4.0),
+        QuotaType.REQUEST: (~follower & (response >= 0),
+                            np.asarray([percent_of_thread(e) for e in elapsed], dtype=float)),
+    }
+    recorded_columns = {QuotaType.PRODUCE: "throttle_produce_ms",
+                        QuotaType.FETCH: "throttle_fetch_ms",
+                        QuotaType.REQUEST: "throttle_request_ms"}
+    full_window = base.samples * base.window_ms
+    out = []
+    for i, qt in enumerate(_TYPES):
+        quotas = base.for_type(qt)
+        if not quotas:
+            continue
+        tags_of = [metric_tags(quotas, user, client_id)[0] for user, client_id in names]
+        limits = {tags: quota_limit(quotas, tags)[0] for tags in tags_of}
+        mask, values = recording[qt]
+        mask = mask & np.asarray([limits[tags_of[c]] is not None for c in codes], dtype=bool)
+        if not mask.any():
+            continue
+        long = pd.DataFrame({
+            "budget": [tags_of[c] for c in codes[mask]],
+            "aligned": pdf["aligned"].to_numpy()[mask], "run_id": pdf["run_id"].to_numpy()[mask],
+            "value": values[mask], "passed": passed[mask],
+            "recorded": pdf[recorded_columns[qt]].to_numpy()[mask],
+            "replayed": np.asarray(replayed[i])[mask]})
+        for tags, g in long.groupby("budget", sort=False):
+            times = g["aligned"].to_numpy()  # in order already
+            n = len(times)
+            gaps = np.minimum(np.diff(times), full_window).sum() if n > 1 else 0
+            out.append({
+                "broker": int(pdf["broker"].iloc[0]), "quota_type": qt.short,
+                "budget_user": tags[0], "budget_client": tags[1],
+                "quota": float(limits[tags] or 0),
+                "processes": int(g["run_id"].nunique()), "requests": n,
+                "value": float(g["value"].sum()),
+                "let_through": float(g.loc[g["passed"], "value"].sum()),
+                "traffic_ms": float(gaps * n / (n - 1)) if n > 1 else float("nan"),
+                "recorded_throttled": int((g["recorded"] > 0).sum()),
+                "recorded_held_ms": int(g["recorded"].sum()),
+                "replayed_throttled": int((g["replayed"] > 0).sum()),
+                "replayed_held_ms": int(g["replayed"].sum())})
+    return pd.DataFrame(out, columns=[c.split()[0] for c in SINGLE_POINT.split(", ")])
+
+
+@dataclass(frozen=True)
+class MultiProcess:
+    """A multi-process capture: its processes (``process_spans``) and, per budget with a
+    quota, the rate recorded and under a single enforcement point (``single_point``)."""
+
+    processes: pd.DataFrame
+    budgets: pd.DataFrame
+    config: str  # which config the budgets and quotas are of
+
+
+def single_point(captures: DataFrame, spans: pd.DataFrame,
+                 candidate: Mapping[str, Any] | None = None,
+                 live: Mapping[tuple[str, int], Mapping[str, Any]] | None = None,
+                 base: Mapping[str, Any] | None = None, catalog: Catalog | None = None,
+                 storage: Mapping[str, Mapping[str, Any]] | None = None) -> pd.DataFrame:
+    """The capture through one quota engine per broker (a single enforcement point) under
+    the live configs (each request under the config live in its run and generation) or
+    ``candidate``: every run's requests on one clock, ``quota_ms`` plus the run's
+    ``offset_ms`` (``spans``: ``process_spans``), in that order.
+
+    Per (broker, quota type, budget) of ``base`` (default: ``candidate``) with a quota:
+    ``requests``, ``value`` (what the budget recorded: bytes; request time as percent of one
+    thread times seconds), ``traffic_ms`` (its time with traffic: the gaps between its
+    consecutive requests, each counted up to the quota window, ``samples x size``, as a
+    longer pause is idle time that Kafka's window forgets, times n / (n - 1) for its n
+    requests, so that n requests d apart count n x d), ``rate`` and ``ratio`` (value per
+    second of traffic, over the quota), as recorded; ``let_through``, ``single_rate`` and
+    ``single_ratio``: the same of the requests one engine would have let through had the
+    connections waited out its throttles (``quota.replay.let_through``); throttled requests
+    and time held back (of that quota type) as recorded and as one engine gives them."""
+    cand, live_settings = _settings(candidate, live)
+    base_settings = settings_from_section(base) if base is not None else cand
+    if base_settings is None:
+        raise ValueError("no config to take the budgets from")
+    found = catalog or catalog_of(captures)
+    names = found.names
+    st = _storage(storage)
+    one_storage = st[min(st)] if st else None  # (one process's settings: they are the same)
+    offsets_by_run = dict(zip(spans["run"], spans["offset_ms"], strict=True))
+    offsets = {rid: int(offsets_by_run[run]) for rid, run in names.runs.items()}
+    # One engine meets the configs of every run: each distinct config is one "generation" of
+    # it, so that it changes config only where the config does.
+    distinct: list[QuotaSettings] = []
+    code_of: dict[tuple[int, int], int] | None = None
+    if cand is None:
+        code_of = {}
+        run_ids = {run: rid for rid, run in names.runs.items()}
+        for (run, generation), settings in sorted(live_settings.items()):
+            if settings not in distinct:
+                distinct.append(settings)
+            if run in run_ids:
+                code_of[(run_ids[run], generation)] = distinct.index(settings)
+    chosen: QuotaSettings | Callable[[int], QuotaSettings] = (
+        cand if cand is not None else distinct.__getitem__)
+
+    def per_group(pdf: pd.DataFrame) -> pd.DataFrame:
+        return _single_point_group(pdf, chosen, code_of, offsets, base_settings, names,
+                                   one_storage)
+
+    configs = [cand] if cand is not None else list(live_settings.values())
+    configs.append(base_settings)
+    inputs = [*_input(configs, bool(st)), F.col("connection")]
+    frame = captures
+    if "storage_scale" not in frame.columns:  # capture schema v1
+        frame = frame.withColumn("storage_scale", F.lit(None).cast("double"))
+    got = frame.select(*inputs).groupBy("broker", "bucket").applyInPandas(
+        per_group, SINGLE_POINT)
+    out = cast(pd.DataFrame, got.toPandas())
+    seconds = out["traffic_ms"] / 1000.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out["rate"] = out["value"] / seconds.where(seconds > 0)
+        out["single_rate"] = out["let_through"] / seconds.where(seconds > 0)
+        out["ratio"] = out["rate"] / out["quota"].where(out["quota"] > 0)
+        out["single_ratio"] = out["single_rate"] / out["quota"].where(out["quota"] > 0)
+    return out.sort_values(["ratio", "value"], ascending=False,
+                           na_position="last").reset_index(drop=True)

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from spark_jobs.replay import MultiProcess
 from spark_jobs.tune import Recommendation
 
 
@@ -124,12 +125,75 @@ BEFORE_AFTER = {"recorded_throttled_requests": "recorded: throttled requests",
                 "bytes_delayed": "replayed: bytes delayed"}
 
 
+MULTI_PROCESS = {"broker": "broker", "quota_type": "quota type", "budget": "budget",
+                 "quota": "quota", "processes": "processes", "requests": "requests",
+                 "traffic_s": "traffic (s)", "rate": "recorded: rate",
+                 "ratio": "recorded: ratio", "recorded_throttled": "recorded: throttled",
+                 "recorded_held_back_s": "recorded: held back (s)",
+                 "replayed_throttled": "single point: throttled",
+                 "replayed_held_back_s": "single point: held back (s)",
+                 "single_rate": "single point: rate", "single_ratio": "single point: ratio"}
+
+
+def _budget_path(user: str, client: str) -> str:
+    """A budget's tags as Kafka's configuration path names its entity."""
+    if user and client:
+        return f"users/{user}/clients/{client}"
+    return f"users/{user}" if user else f"clients/{client}"
+
+
+def _utc(ms: int) -> str:
+    stamp = pd.Timestamp(int(ms), unit="ms", tz="UTC")
+    return f"{stamp:%Y-%m-%d %H:%M:%S}.{int(ms) % 1000:03d}"
+
+
+def multi_process_lines(multi: MultiProcess) -> list[str]:
+    """The "Multi-process capture" section: the processes, then per budget with a quota the
+    rate the processes let through together and what one enforcement point gives."""
+    p = multi.processes
+    procs = p.assign(instance=p["instance"].replace("", "(not recorded)"),
+                     first=p["first_ms"].map(_utc), last=p["last_ms"].map(_utc),
+                     seconds=(p["last_ms"] - p["first_ms"]) / 1000.0)
+    b = multi.budgets
+    budgets = b.assign(
+        budget=[_budget_path(u, c) for u, c in zip(b["budget_user"], b["budget_client"],
+                                                    strict=True)],
+        traffic_s=b["traffic_ms"] / 1000.0, recorded_held_back_s=b["recorded_held_ms"] / 1000.0,
+        replayed_held_back_s=b["replayed_held_ms"] / 1000.0).rename(columns=MULTI_PROCESS)
+    return [
+        "## Multi-process capture", "",
+        f"Written by {len(p)} processes whose runs overlap in time. Each process enforced the "
+        "quotas on its own (coordinated with the others or not) and recorded on its own quota "
+        "clock; the reproduction above replays each one alone. Here the whole capture is "
+        "also replayed through one quota engine per broker, a single enforcement point, "
+        "under " + multi.config + ". The requests of every run are placed on one clock: "
+        "`quota_ms` plus the run's offset, the median of `ts_ms - quota_ms` over its rows.",
+        "", _table(procs, ["process", "instance", "run", "requests", "first", "last",
+                           "seconds"], n=100), "",
+        "Per broker and quota type, each budget with a quota (as the quota engine shares "
+        "it: per user, client-id or both). *Traffic*: the gaps between the budget's "
+        "consecutive requests on the broker, each counted up to the quota window (samples "
+        "x window size: a longer pause is idle), times n / (n - 1) for its n requests (n "
+        "requests d apart count n x d). *Rate*: what the budget recorded (bytes; request "
+        "time in percent of one thread x s) over its traffic time; *ratio*: rate / quota. "
+        "*Recorded*: the requests as the processes let them through, with the throttles "
+        "they recorded. *Single point*: throttled requests and time held back as one engine "
+        "gives them over the same requests; its rate and ratio count only the requests one "
+        "engine would have let through had each connection waited out its throttles (a "
+        "request arriving on a held connection is dropped: the client's demand over its "
+        "quota is cut, not moved). One process gives ratios up to about 1 for a client "
+        "held by its quota; N uncoordinated processes up to N.", "",
+        _table(budgets, list(MULTI_PROCESS.values()), n=40), ""]
+
+
 def write_report(out: Path, facts: dict[str, Any], profile: pd.DataFrame,
                  before_after: pd.DataFrame, plots: dict[str, str],
                  recommendation: Recommendation | None = None, label: str = "",
-                 base_label: str = "") -> Path:
+                 base_label: str = "", multi: MultiProcess | None = None) -> Path:
     """``before_after``: per (user, client-id), ``entities`` (the quota entities whose budgets
-    it records into under the replayed config) and the ``BEFORE_AFTER`` columns."""
+    it records into under the replayed config) and the ``BEFORE_AFTER`` columns. ``multi``:
+    the "Multi-process capture" section, for a capture of processes that ran at the same
+    time."""
     lines = ["# Quota replay report", ""]
     for key, value in facts.items():
         lines.append(f"- **{key}**: {value}")
@@ -149,6 +213,8 @@ def write_report(out: Path, facts: dict[str, Any], profile: pd.DataFrame,
             lines += ["Totals per broker (the sum of each budget's limit over the budgets "
                       "seen; demand: the sum of their demands):", "",
                       _table(r.totals, list(r.totals.columns)), ""]
+    if multi is not None:
+        lines += ["", *multi_process_lines(multi)]
     ordered = before_after.assign(
         _key=before_after["recorded_held_back_s"] + before_after["held_back_s"]).sort_values(
         "_key", ascending=False)

@@ -21,10 +21,10 @@ from collections.abc import Coroutine, Iterable, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from config.schema import AgentFile, StorageConfig, VolumeAgentConfig, VolumeLimitsConfig
+from proxy.cluster_topics import ensure_topic
 from proxy.logs import get_logger
 from proxy.metrics import serve_metrics
 from proxy.tls import kafka_client_options
@@ -35,7 +35,6 @@ log = get_logger("kafka_quota_proxy.volume_agent")
 TOPIC_CONFIGS = {"cleanup.policy": "compact"}
 TOPIC_PARTITIONS = 1
 MAX_REPLICATION = 3  # as Kafka's own internal topics, on clusters that have that many brokers
-_TOPIC_ALREADY_EXISTS = 36
 _CLOSE_TIMEOUT_S = 5.0
 
 
@@ -45,10 +44,6 @@ class VolumeError(Exception):
 
 class AgentError(Exception):
     """The agent cannot start (its metrics address cannot be listened on)."""
-
-
-class TopicError(Exception):
-    """The broker refused to create the volume-usage topic."""
 
 
 def mount_point(path: str) -> str:
@@ -227,31 +222,9 @@ class VolumeAgent:
         """Create the topic, compacted, unless it exists; without its configs when the broker
         refuses them. (Each time the producer is created: a broker that restarted empty gets
         it back.)"""
-        topic = self.storage.topic
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.bootstrap,
-                                    client_id=self.config.client_id,
-                                    request_timeout_ms=int(self.timeout * 1000),
-                                    **self.client_options)
-        try:
-            await admin.start()
-            brokers = (await admin.describe_cluster()).get("brokers") or []
-            replicas = max(1, min(MAX_REPLICATION, len(brokers)))
-            code, message = await _create_topic(admin, topic, replicas, TOPIC_CONFIGS)
-            if code not in (0, _TOPIC_ALREADY_EXISTS):
-                log.warning("volume_topic_configs_rejected", topic=topic, configs=TOPIC_CONFIGS,
-                            error_code=code, error=message)
-                code, message = await _create_topic(admin, topic, replicas, {})
-                if code not in (0, _TOPIC_ALREADY_EXISTS):
-                    raise TopicError(f"cannot create topic {topic}: error {code} {message or ''}"
-                                     .rstrip())
-                log.warning("volume_topic_created_without_configs", topic=topic,
-                            replication_factor=replicas)
-            elif code == 0:
-                log.info("volume_topic_created", topic=topic, configs=TOPIC_CONFIGS,
-                         partitions=TOPIC_PARTITIONS, replication_factor=replicas)
-        finally:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(admin.close(), _CLOSE_TIMEOUT_S)
+        await ensure_topic(self.bootstrap, self.storage.topic, TOPIC_PARTITIONS, TOPIC_CONFIGS,
+                           self.client_options, self.config.client_id, self.timeout, "volume",
+                           MAX_REPLICATION)
 
 
 def _describe(exc: BaseException) -> str:
@@ -259,17 +232,6 @@ def _describe(exc: BaseException) -> str:
     if not text:
         return name
     return text if text.startswith(name) else f"{name}: {text}"
-
-
-async def _create_topic(admin: Any, topic: str, replicas: int,
-                        configs: dict[str, str]) -> tuple[int, str | None]:
-    """The broker's error code and message for creating ``topic``."""
-    response = await admin.create_topics(
-        [NewTopic(topic, TOPIC_PARTITIONS, replicas, topic_configs=configs)])
-    for entry in response.topic_errors:
-        if entry[0] == topic:
-            return int(entry[1]), entry[2] if len(entry) > 2 else None
-    return 0, None
 
 
 async def _unless_stopped(stop: asyncio.Event, coro: Coroutine[Any, Any, Any]) -> None:

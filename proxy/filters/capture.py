@@ -82,9 +82,12 @@ class CaptureFilter(Filter):
                 request_time = quotas.request_time_ms(entry.request_size, entry.response_size,
                                                       entry.proxy_ms)
         is_produce = entry.api_key == _PRODUCE
+        capture = self.capture
         row = CaptureRow(
-            run=self.capture.run,
-            seq=self.capture.next_seq(),
+            run=capture.run,
+            instance=capture.instance,
+            process=capture.process,
+            seq=capture.next_seq(),
             ts_ms=int(time.time() * 1000.0 - (_now() - entry.forwarded_at) * 1000.0),
             quota_ms=quota_ms,
             connection=client.id,
@@ -110,7 +113,7 @@ class CaptureFilter(Filter):
         if (entry.api_key == _FETCH and answered) or entry is self.host.requests.measuring:
             entry.capture_row = row
         else:
-            self.capture.record(row)
+            capture.record(row)
 
     def _complete(self, entry: InFlight) -> None:
         """The row of a Fetch whose response has completed, or of an acks=0 Produce whose

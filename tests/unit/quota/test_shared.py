@@ -381,3 +381,51 @@ def test_lag_compensation_keeps_simultaneous_bursts_within_the_quota() -> None:
 
 def test_design_b_holds_a_client_spread_over_two_processes_to_its_quota() -> None:
     assert simulate(2, 4, {"design": Design.DEMAND_SHARE}) == pytest.approx(1.0, abs=0.05)
+
+
+def test_produce_headroom_counts_the_others_usage_and_their_requests_in_flight() -> None:
+    """Pipelining (``produce_headroom``) asks the shared budget: a request another process's
+    usage leaves no room for is not read, where this process alone would read it; and each
+    other process active in the budget is taken to have as much in flight as this one."""
+    b = QuotaManager(SETTINGS)
+    for t in range(0, 5_000, 100):
+        b.record(P, "u", "app", 100_000, t)  # 5 MB in 5 s: half of what 10 s of quota allow
+    t = 5_000
+    remote = reading(now=t)
+    remote.observe(usage_report("b", 1, 0, {1: b}, t), t)
+    shared = SharedBudgets(remote)
+    hook, headroom = shared.hooks(1)
+    a = QuotaManager(SETTINGS, hook=hook, headroom=headroom)
+    alone = QuotaManager(SETTINGS)
+    for m in (a, alone):
+        m.sensor(P, "u", "app", t).in_flight = 3_000_000
+    # alone: 3 MB in flight over the padded 10 s window is below 1 MB/s
+    assert alone.produce_headroom("u", "app", t + 1)
+    # shared: b's 5 MB, and b active, so taken to have 3 MB in flight too: 11 MB > 10 MB
+    assert not a.produce_headroom("u", "app", t + 1)
+    # without b's in flight (1 MB in flight here, 1 assumed for b): 7 MB < 10 MB
+    a.sensor(P, "u", "app", t).in_flight = 1_000_000
+    assert a.produce_headroom("u", "app", t + 1)
+    # under the fallback: quota / 2 processes against this process's own usage only
+    remote.set_reading(False, t + 2)
+    a.sensor(P, "u", "app", t).in_flight = 6_000_000
+    assert not a.produce_headroom("u", "app", t + 2)
+
+
+def test_the_enforcer_gives_every_broker_manager_its_shared_hooks() -> None:
+    from quota.enforcer import QuotaEnforcer
+
+    enforcer = QuotaEnforcer(SETTINGS)
+    before = enforcer.manager(1)
+    assert before.hook is None and before.headroom_hook is None
+    seen: list[int] = []
+
+    def hooks(scope: int) -> tuple:  # type: ignore[type-arg]
+        seen.append(scope)
+        return SharedBudgets(reading()).hooks(scope)
+
+    enforcer.share(hooks)
+    after = enforcer.manager(2)
+    assert before.hook is not None and before.headroom_hook is not None
+    assert after.hook is not None and after.headroom_hook is not None
+    assert seen == [1, 2]

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import aiokafka.admin
 import pytest
 
 from cli.main import main
@@ -231,7 +232,7 @@ class FakeProducer:
 def fake_kafka(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     FakeAdmin.codes, FakeAdmin.created, FakeAdmin.closed = [], [], 0
     FakeProducer.instances, FakeProducer.failing = [], False
-    monkeypatch.setattr(volume_agent, "AIOKafkaAdminClient", FakeAdmin)
+    monkeypatch.setattr(aiokafka.admin, "AIOKafkaAdminClient", FakeAdmin)
     monkeypatch.setattr(volume_agent, "AIOKafkaProducer", FakeProducer)
     yield
 

@@ -1,0 +1,308 @@
+"""Budgets shared by every process of every instance (issue 16, ``docs/scale-out.md``): the
+runtime of ``quota.shared``.
+
+Every ``report_ms`` this process makes a ``UsageReport`` of its limited budgets and writes it
+to the usage topic (key: the process id); the process's ``TopicReader`` reads every report,
+its own included, into a ``RemoteUsage``; each broker's ``QuotaManager`` checks its budgets
+against the sum (``SharedBudgets``, design A+: Kafka's maths on its own samples and the
+others' as reported, with the lag compensated). While reports cannot be read, or this
+process's own do not come back, each budget is enforced as ``quota / processes live`` (the
+fallback), logged and in the metrics. On a clean stop the process writes a tombstone, so that
+the others stop counting it at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import structlog
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from config.schema import CoordinationConfig
+from proxy.clock import now_ms, wall_ms
+from proxy.cluster_topics import Subscription, TopicError, ensure_topic
+from quota.capture_schema import process_id
+from quota.enforcer import QuotaEnforcer
+from quota.shared import RemoteUsage, ReportError, SharedBudgets, UsageReport, usage_report
+
+log = structlog.get_logger("kafka_quota_proxy.coordination")
+
+# compacted, and what is left of processes long gone disappears within the hour
+TOPIC_CONFIGS = {"cleanup.policy": "compact,delete", "retention.ms": "3600000",
+                 "segment.ms": "600000", "min.compaction.lag.ms": "0"}
+# a topic missing this long (seconds) is created again (by every process that may create it)
+RECREATE_AFTER_S = 10.0
+_FAILURES_BEFORE_NEW_PRODUCER = 3
+_CLOSE_TIMEOUT_S = 5.0
+
+
+def own_process_id(instance: str | None, worker: int | None) -> str:
+    """This process's id (``quota.capture_schema.process_id``): a restarted worker is a new
+    process."""
+    return process_id(instance or socket.gethostname(), worker or 0, int(time.time() * 1000),
+                      os.getpid())
+
+
+class Coordination:
+    def __init__(self, config: CoordinationConfig, quotas: QuotaEnforcer, bootstrap: list[str],
+                 process: str, initial_processes: int,
+                 clock: Callable[[], int] = now_ms, wall: Callable[[], int] = wall_ms) -> None:
+        self.config = config
+        self.quotas = quotas
+        self.bootstrap = bootstrap
+        self.process = process
+        self.instance = process.split("/", 1)[0]
+        self.clock = clock
+        self.wall = wall
+        settings = quotas.settings
+        self.remote = RemoteUsage(process, settings.samples, settings.window_ms,
+                                  config.staleness_ms, initial_processes)
+        self.shared = SharedBudgets(self.remote)
+        quotas.share(self.shared.hooks)
+        # aiokafka's TLS and SASL options (``proxy.tls.kafka_client_options``), set at start
+        self.client_options: dict[str, Any] = {}
+        self._producer: Any = None
+        self._failures = 0  # writes failed in a row
+        self._in_flight = 0
+        self.seq = 0
+        self.in_fallback: bool | None = None
+        self.missing_since: float | None = None
+        self.reports_written = 0
+        self.reports_read = 0
+        self.bad_reports = 0
+        self.write_errors = 0
+        self.writes_skipped = 0  # the previous report still on its way: this one dropped
+        self.report_bytes = 0
+        self.report_age_ms_total = 0  # sent -> read, over every report read
+        self.report_age_ms_max = 0
+        self.connected = False
+        self.topic_present = False
+
+    # ------------------------------------------------------------------ reading
+    def subscription(self) -> Subscription:
+        """The usage topic, for the process's ``TopicReader``: from ``staleness_ms`` ago."""
+        return Subscription(self.config.topic, self.observe, self._reader_state,
+                            start=lambda: self.wall() - self.config.staleness_ms)
+
+    def observe(self, key: bytes | None, value: bytes | None, timestamp_ms: int) -> None:
+        """One record of the usage topic."""
+        if value is None:  # a process stopped
+            if key:
+                self.remote.forget(key.decode(errors="replace"))
+            return
+        try:
+            report = UsageReport.decode(value)
+        except ReportError as exc:
+            self.bad_reports += 1
+            log.warning("shared_quota_bad_report", key=repr(key)[:100], error=str(exc)[:200])
+            return
+        self.reports_read += 1
+        age = min(max(self.wall() - report.sent_ms, 0), self.config.staleness_ms)
+        self.report_age_ms_total += age
+        self.report_age_ms_max = max(self.report_age_ms_max, age)
+        self.remote.observe(report, self.clock() - age)
+
+    def _reader_state(self, connected: bool, reading: bool) -> None:
+        self.connected = connected
+        self.topic_present = reading or (connected and self.topic_present)
+        self.remote.set_reading(reading, self.clock())
+        self._note_fallback()
+
+    def _note_fallback(self) -> None:
+        now = self.clock()
+        fallback = self.remote.fallback(now)
+        if fallback == self.in_fallback:
+            return
+        first, self.in_fallback = self.in_fallback is None, fallback
+        if first:  # starting: until its own first report comes back
+            log.info("shared_quota_starting", process=self.process, fallback=fallback,
+                     processes=self.remote.fallback_processes)
+        elif fallback:
+            reason = ("usage topic not read" if not self.remote.reading
+                      else "own reports not read back")
+            log.warning("shared_quota_fallback", state="on", reason=reason,
+                        processes=self.remote.fallback_processes)
+        else:
+            log.info("shared_quota_fallback", state="off",
+                     live_processes=self.remote.live(now))
+
+    # ------------------------------------------------------------------ writing
+    async def run(self) -> None:
+        """Report every ``report_ms`` until cancelled."""
+        every = self.config.report_ms / 1000.0
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            next_at += every
+            delay = next_at - loop.time()
+            if delay < 0:  # late (a busy loop): skip, never catch up in a burst
+                next_at = loop.time()
+                delay = 0
+            await asyncio.sleep(delay)
+            self.tick()
+            if self.remote.reading:
+                self.missing_since = None
+            elif self.connected and self.config.create_topic:
+                await self._recreate_if_missing(loop.time())
+
+    def tick(self) -> None:
+        """Make this process's report, start writing it, forget stale processes."""
+        now = self.clock()
+        self.seq += 1
+        report = usage_report(self.process, self.seq, self.wall(), self.quotas.managers, now)
+        self.shared.reported(now)
+        self.remote.expire(now)
+        self._note_fallback()
+        if self._in_flight:
+            self.writes_skipped += 1
+            return
+        data = report.encode()
+        self.report_bytes = len(data)
+        self._in_flight += 1
+        task = asyncio.get_running_loop().create_task(self._write(report.key, data))
+        task.add_done_callback(lambda _t: None)
+
+    async def _write(self, key: bytes, value: bytes | None) -> None:
+        try:
+            producer = await self._ready_producer()
+            timeout = max(1.0, 4 * self.config.report_ms / 1000.0)
+            await asyncio.wait_for(producer.send_and_wait(self.config.topic, value, key=key),
+                                   timeout)
+            self.reports_written += 1
+            self._failures = 0
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.write_errors += 1
+            self._failures += 1
+            if self._failures == 1 or self._failures % 100 == 0:
+                log.warning("shared_quota_write_failed", topic=self.config.topic,
+                            failures=self._failures, error=repr(exc)[:300])
+            if self._failures % _FAILURES_BEFORE_NEW_PRODUCER == 0:
+                await self._discard_producer()
+        finally:
+            self._in_flight -= 1
+
+    async def _ready_producer(self) -> Any:
+        if self._producer is not None:
+            return self._producer
+        from aiokafka import AIOKafkaProducer
+
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap, client_id="kafka-quota-proxy-usage", acks=1,
+            linger_ms=0, request_timeout_ms=max(1000, 4 * self.config.report_ms),
+            **self.client_options)
+        self._producer = producer
+        try:
+            await asyncio.wait_for(producer.start(), 10.0)
+        except BaseException:
+            self._producer = None
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(producer.stop(), _CLOSE_TIMEOUT_S)
+            raise
+        return producer
+
+    async def _discard_producer(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(producer.stop(), _CLOSE_TIMEOUT_S)
+
+    async def ensure_topic(self, timeout_s: float = 10.0) -> None:
+        """Create the usage topic unless it exists (``create_topic``); a cluster that cannot
+        be reached now is logged, the reader and writer keep trying."""
+        if not self.config.create_topic:
+            return
+        try:
+            await ensure_topic(self.bootstrap, self.config.topic, 1, TOPIC_CONFIGS,
+                               self.client_options, "kafka-quota-proxy-usage", timeout_s,
+                               "usage")
+        except (TopicError, Exception) as exc:
+            log.warning("usage_topic_not_created", topic=self.config.topic,
+                        error=repr(exc)[:300])
+
+    async def _recreate_if_missing(self, now: float) -> None:
+        if self.topic_present or not self.connected:
+            return
+        if self.missing_since is None:
+            self.missing_since = now
+            return
+        if now - self.missing_since >= RECREATE_AFTER_S:
+            self.missing_since = now
+            await self.ensure_topic()
+
+    async def stop(self) -> None:
+        """A clean stop: a tombstone, so that the others stop counting this process now."""
+        try:
+            if self._producer is not None:
+                producer = self._producer
+                await asyncio.wait_for(
+                    producer.send_and_wait(self.config.topic, None,
+                                           key=self.process.encode()), 2.0)
+        except Exception as exc:
+            log.warning("shared_quota_tombstone_failed", error=repr(exc)[:300])
+        await self._discard_producer()
+
+    # ------------------------------------------------------------------ metrics
+    def describe(self) -> dict[str, Any]:
+        now = self.clock()
+        return {"process": self.process, "fallback": self.remote.fallback(now),
+                "live_processes": self.remote.live(now), "peers": self.remote.peers(now)}
+
+    def metric_families(self) -> Iterator[Any]:
+        """This feature's metric families (``ProxyStats.feature_families``)."""
+        now = self.clock()
+        remote = self.remote
+        fallback = remote.fallback(now)
+        for name, doc, value in (
+            ("kafka_proxy_shared_quota_fallback",
+             "1 while budgets are enforced as quota / processes (reports not read)",
+             int(fallback)),
+            ("kafka_proxy_shared_quota_live_processes",
+             "Processes with a fresh usage report, this one included", remote.live(now)),
+            ("kafka_proxy_shared_quota_fallback_processes",
+             "The divisor of the fallback: processes live when reports were last read",
+             remote.fallback_processes),
+            ("kafka_proxy_shared_quota_reader_connected",
+             "1 while the usage topic is being read", int(self.connected and remote.reading)),
+            ("kafka_proxy_shared_quota_report_bytes", "Size of this process's last report",
+             self.report_bytes),
+            ("kafka_proxy_shared_quota_report_age_max_seconds",
+             "The oldest a report was when read (sent -> read), since start",
+             self.report_age_ms_max / 1000.0),
+        ):
+            g = GaugeMetricFamily(name, doc)
+            g.add_metric([], value)
+            yield g
+        for name, doc, value in (
+            ("kafka_proxy_shared_quota_reports_written", "Usage reports written",
+             self.reports_written),
+            ("kafka_proxy_shared_quota_reports_read", "Usage reports read (own included)",
+             self.reports_read),
+            ("kafka_proxy_shared_quota_report_age_seconds",
+             "Sum of the reports' ages when read (sent -> read; / reports read = mean)",
+             self.report_age_ms_total / 1000.0),
+            ("kafka_proxy_shared_quota_reports_ignored",
+             "Reports ignored: made with another quota window, or older than one held",
+             remote.ignored),
+            ("kafka_proxy_shared_quota_bad_reports", "Usage records that do not parse",
+             self.bad_reports),
+            ("kafka_proxy_shared_quota_stale_processes",
+             "Processes forgotten because their reports stopped", remote.dropped),
+            ("kafka_proxy_shared_quota_report_write_errors", "Reports that could not be written",
+             self.write_errors),
+            ("kafka_proxy_shared_quota_reports_skipped",
+             "Reports not written because the previous one was still on its way",
+             self.writes_skipped),
+            ("kafka_proxy_shared_quota_fallback_checks",
+             "Quota checks made under the fallback", self.shared.fallback_checks),
+        ):
+            c = CounterMetricFamily(name, doc)
+            c.add_metric([], value)
+            yield c

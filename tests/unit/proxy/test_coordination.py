@@ -1,0 +1,91 @@
+"""The runtime of shared budgets without a cluster: what a read record does, what a report
+tick makes, the fallback's metric, and the config that turns it on."""
+
+from __future__ import annotations
+
+import pytest
+
+from config.schema import CoordinationConfig
+from proxy.coordination import Coordination, own_process_id
+from quota.enforcer import QuotaEnforcer
+from quota.entities import EntityKey, QuotaType
+from quota.manager import QuotaSettings
+from quota.shared import UsageReport
+
+P = QuotaType.PRODUCE
+SETTINGS = QuotaSettings(entities={EntityKey(None, "app"): {P: 1_000_000.0}})
+
+
+class Clocks:
+    def __init__(self) -> None:
+        self.mono = 50_000
+        self.wall = 1_800_000_000_000
+
+
+def make(clocks: Clocks, **config: object) -> Coordination:
+    enforcer = QuotaEnforcer(SETTINGS)
+    return Coordination(CoordinationConfig(**config), enforcer, ["127.0.0.1:9"], "me/0/1-2", 2,
+                        clock=lambda: clocks.mono, wall=lambda: clocks.wall)
+
+
+def other(clocks: Clocks, seq: int, sent_before_ms: int = 0) -> bytes:
+    budgets = {(111, P, "", "app"): ((500, 100, 400_000.0),)}
+    return UsageReport("other/0/3-4", seq, clocks.wall - sent_before_ms, 11, 1000,
+                       budgets).encode()
+
+
+def test_a_report_read_counts_from_when_it_was_sent_and_a_tombstone_forgets_it() -> None:
+    clocks = Clocks()
+    c = make(clocks)
+    c._reader_state(True, True)
+    c.observe(b"other/0/3-4", other(clocks, 1, sent_before_ms=300), 0)
+    # sent 300 ms ago: its sample started 800 ms before now on this clock
+    total, oldest = c.remote.others((111, P, "", "app"), clocks.mono)
+    assert (total, oldest) == (400_000.0, clocks.mono - 800)
+    assert c.reports_read == 1 and c.report_age_ms_max == 300
+    c.observe(b"other/0/3-4", None, 0)  # it stopped cleanly
+    assert c.remote.others((111, P, "", "app"), clocks.mono) == (0.0, clocks.mono)
+
+
+def test_a_report_that_does_not_parse_is_counted_and_changes_nothing() -> None:
+    clocks = Clocks()
+    c = make(clocks)
+    c.observe(b"x", b"\x07garbage", 0)
+    assert c.bad_reports == 1 and c.reports_read == 0
+
+
+def test_an_old_report_is_placed_at_most_the_staleness_back_and_so_is_stale() -> None:
+    clocks = Clocks()
+    c = make(clocks, staleness_ms=1000, report_ms=250)
+    c._reader_state(True, True)
+    c.observe(b"other/0/3-4", other(clocks, 1, sent_before_ms=60_000), 0)
+    assert c.remote.peers(clocks.mono) == []
+
+
+def test_fallback_until_the_own_reports_come_back_then_the_metric_says_off() -> None:
+    clocks = Clocks()
+    c = make(clocks)
+    metric = {m.name: m.samples[0].value for m in c.metric_families()}
+    assert metric["kafka_proxy_shared_quota_fallback"] == 1  # nothing read yet
+    assert metric["kafka_proxy_shared_quota_fallback_processes"] == 2
+    c._reader_state(True, True)
+    own = UsageReport("me/0/1-2", 1, clocks.wall, 11, 1000, {}).encode()
+    c.observe(b"me/0/1-2", own, 0)
+    c._note_fallback()
+    metric = {m.name: m.samples[0].value for m in c.metric_families()}
+    assert metric["kafka_proxy_shared_quota_fallback"] == 0
+    assert c.in_fallback is False
+    c._reader_state(False, False)  # the topic gone: fallback again
+    assert c.in_fallback is True
+
+
+def test_the_process_id_names_instance_worker_pid_and_start() -> None:
+    import os
+
+    instance, worker, run = own_process_id("zone-a", 3).split("/")
+    assert (instance, worker) == ("zone-a", "3") and run.startswith(f"{os.getpid()}-")
+
+
+def test_staleness_must_cover_two_report_intervals() -> None:
+    with pytest.raises(ValueError, match="staleness_ms"):
+        CoordinationConfig(report_ms=1000, staleness_ms=1500)
