@@ -38,6 +38,9 @@ class BrokerAddresses:
         self._taken: set[int] = set()  # ports handed out or found unusable
         self.unbound: list[Broker] = []  # handed out, not listened on yet
         self.moved: list[tuple[Broker, str]] = []  # (broker, its old upstream address)
+        # brokers whose preferred port (``first + node_id mod size``) was taken: their port
+        # depends on the order brokers were learnt in (so may differ between processes)
+        self.displaced: list[tuple[Broker, int]] = []  # (broker, preferred port)
 
     def advertise(self, node_id: int, host: str, port: int, rack: str | None) -> tuple[str, int]:
         broker = self.by_node.get(node_id)
@@ -56,6 +59,8 @@ class BrokerAddresses:
                 self._taken.add(proxy_port)
                 broker = self.by_node[node_id] = Broker(node_id, host, port, rack, proxy_port)
                 self.unbound.append(broker)
+                if i:
+                    self.displaced.append((broker, self.first + start))
                 return broker
         raise BrokerPortsExhausted(
             f"no free port in broker_ports {self.first}-{self.first + self.size - 1} "

@@ -66,6 +66,14 @@ class ListeningRewriter:
             log.info("broker_moved", node_id=broker.node_id, old=old,
                      new=f"{broker.host}:{broker.port}", rack=broker.rack)
         addresses.moved.clear()
+        for broker, preferred in addresses.displaced:
+            log.warning("broker_port_displaced", node_id=broker.node_id, preferred=preferred,
+                        proxy_port=broker.proxy_port,
+                        detail="another node id took this node's port (node ids equal mod the "
+                        "size of broker_ports): its port depends on the order brokers were "
+                        "learnt in, so a restart or another worker may give another one; "
+                        "make broker_ports cover the node ids")
+        addresses.displaced.clear()
         ok = True
         for broker in list(addresses.unbound):
             try:

@@ -1,11 +1,11 @@
-"""deploy/grafana/kafka-quota-proxy.json asks only for what the proxy exports: every metric name
-in every query is a sample name of the proxy's own registry (built as the proxy builds it, with
-fetch routing, storage throttling and capture on, so that every family is there), every label
-a query filters, groups or names in a legend is one of that metric's labels (or a label
-Prometheus adds to every target), and every exact label value it matches is one the proxy
-writes. A metric renamed or removed in the proxy fails this test until the dashboard follows.
-The dashboard itself: unique panel ids, panels that do not overlap, and its data source a
-``${DS_PROMETHEUS}`` input and variable."""
+"""deploy/grafana/kafka-quota-proxy.json asks only for what the proxy exports: every metric name in
+every query is a sample name of the proxy's own registry (built as the proxy builds it, with
+fetch routing, storage throttling, shared budgets and capture on, so that every family is
+there), every label a query filters, groups or names in a legend is one of that metric's labels
+(or a label Prometheus adds to every target), and every exact label value it matches is one the
+proxy writes. A metric renamed or removed in the proxy fails this test until the dashboard
+follows. The dashboard itself: unique panel ids, panels that do not overlap, and its data source
+a ``${DS_PROMETHEUS}`` input and variable."""
 
 from __future__ import annotations
 
@@ -63,6 +63,7 @@ listeners: {bootstrap: "127.0.0.1:9192", advertised_host: "h", broker_ports: "91
 upstream: {bootstrap_servers: ["127.0.0.1:9092"]}
 racks: {proxy_rack: a}
 storage: {hard: {type: MinFreePercentage, level: 5}}
+coordination: {enabled: true}
 """
 
 

@@ -58,6 +58,9 @@ def test_clash_probes_the_next_free_port() -> None:
     assert registry.advertise(13, "b", 1, None)[1] == 9004
     assert registry.advertise(9, "c", 1, None)[1] == 9009
     assert registry.advertise(19, "d", 1, None)[1] == 9000  # wraps around
+    # the displaced ones are noted (their port depends on the discovery order: logged)
+    assert [(b.node_id, preferred) for b, preferred in registry.displaced] == [
+        (13, 9003), (19, 9009)]
 
 
 def test_unbindable_port_is_skipped() -> None:
