@@ -103,6 +103,11 @@ class Scenario:
     move: bool = False
     reading: bool = True
     reconnect_ms: int = 0  # how long a connection pauses when it moves
+    # requests a connection may have in flight (as librdkafka pipelines): the next is sent
+    # while the proxy's produce headroom allows it (``QuotaManager.produce_headroom``) and the
+    # connection is not muted; 1: one at a time, the next once the throttle has passed
+    pipeline: int = 1
+    rtt_ms: int = RTT_MS
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,7 @@ class Variant:
     design: Design = Design.GLOBAL_SUM
     compensate_lag: bool = False
     shares_from_reports: bool = False
+    active_ms: int | None = None  # A+: how recent a peer's last record must be to count
 
 
 VARIANTS = {
@@ -120,6 +126,9 @@ VARIANTS = {
     "A+": Variant("A+", compensate_lag=True),
     "B": Variant("B", design=Design.DEMAND_SHARE),
     "B+": Variant("B+", design=Design.DEMAND_SHARE, shares_from_reports=True),
+    # A+ as first built: a peer counts as active when it recorded within one sample window
+    # before its report (under pipelining and long throttles that misses peers: p4)
+    "A+1s": Variant("A+1s", compensate_lag=True, active_ms=WINDOW_MS),
 }
 
 
@@ -154,6 +163,13 @@ def scenarios() -> dict[str, Scenario]:
                             reconnect_ms=100),
         "fallback": Scenario("fallback: a, reports unreadable", 2, spread(8, 2), app,
                              reading=False),
+        # as tests/e2e/test_shared_quotas.py: 4 librdkafka producers, 64 KB batches pipelined
+        "ref-p": Scenario("ref p: 4 pipelined 64 KB / 1 proc", 1, spread(4, 1), app, 65536,
+                          pipeline=5, rtt_ms=20),
+        "p": Scenario("p: 4 pipelined 64 KB / 2 procs", 2, spread(4, 2), app, 65536,
+                      pipeline=5, rtt_ms=20),
+        "p4": Scenario("p4: 4 pipelined 64 KB / 4 procs", 4, spread(4, 4), app, 65536,
+                       pipeline=5, rtt_ms=20),
     }
 
 
@@ -175,9 +191,10 @@ def simulate(sc: Scenario, variant: Variant, report_ms: int, delay_ms: int,
     remotes = [RemoteUsage(n, SAMPLES, WINDOW_MS, STALENESS_MS, initial_processes=k)
                for n in names]
     shared = [SharedBudgets(r, variant.design, compensate_lag=variant.compensate_lag,
+                            active_ms=variant.active_ms,
                             shares_from_reports=variant.shares_from_reports,
                             coordinate=variant.coordinate) for r in remotes]
-    managers = [SharedQuotaManager(settings, s.hook(BROKER)) for s in shared]
+    managers = [SharedQuotaManager(settings, *s.hooks(BROKER)) for s in shared]
     for r in remotes:
         r.set_reading(sc.reading, 0)
     end_ms = int(duration_s * 1000)
@@ -198,11 +215,37 @@ def simulate(sc: Scenario, variant: Variant, report_ms: int, delay_ms: int,
         push(1 + p * report_ms // k, REPORT, p)
     seqs = [0] * k
     reconnected: set[int] = set()
+    in_flight = [0] * len(sc.conns)  # (pipeline > 1)
+    muted = [0] * len(sc.conns)
     while heap:
         t, _, kind, what = heapq.heappop(heap)
         if t >= end_ms:
             break
-        if kind == SEND:
+        if kind == SEND and sc.pipeline > 1:
+            i = what
+            c = sc.conns[i]
+            p = c.moved_to if c.moved_to is not None and t >= move_ms else c.process
+            if t < muted[i] or in_flight[i] >= sc.pipeline:
+                continue  # (a response or the end of the mute sends again)
+            m = managers[p]
+            if in_flight[i] and not m.produce_headroom(c.user, c.client_id, t):
+                continue
+            in_flight[i] += 1
+            m.sensor(QuotaType.PRODUCE, c.user, c.client_id, t).in_flight += sc.request_bytes
+            push(t + sc.rtt_ms, RESPONSE, (i, p))
+            push(t + 1, SEND, i)
+        elif kind == RESPONSE and sc.pipeline > 1:
+            i, p = what
+            c = sc.conns[i]
+            in_flight[i] -= 1
+            m = managers[p]
+            m.sensor(QuotaType.PRODUCE, c.user, c.client_id, t).in_flight -= sc.request_bytes
+            throttle = m.record(QuotaType.PRODUCE, c.user, c.client_id, sc.request_bytes, t)
+            events.append((t / 1000.0, sc.request_bytes))
+            if throttle:
+                muted[i] = max(muted[i], t + throttle)
+            push(max(t, muted[i]), SEND, i)
+        elif kind == SEND:
             c = sc.conns[what]
             if t >= move_ms and what not in reconnected:
                 reconnected.add(what)
@@ -366,12 +409,17 @@ def fmt(r: Result) -> str:
     return s
 
 
-MAIN = {"ref-a": ("none",), "a": ("none", "A", "A+", "B", "B+"), "a4": ("none", "A", "A+",
-        "B", "B+"), "asym": ("none", "A", "A+", "B", "B+"),
-        "skew": ("none", "A", "A+", "B", "B+"), "lone": ("none", "A+", "B+"),
-        "ref-b": ("none",), "b": ("none", "A", "A+", "B", "B+"), "ref-b16": ("none",),
-        "b16": ("none", "A", "A+", "B", "B+"), "c-pause": ("none",),
-        "c": ("none", "A", "A+", "B", "B+"), "fallback": ("A+",)}
+MAIN = {"ref-a": ("none",), "a": ("none", "A", "A+", "B", "B+"),
+        "a4": ("none", "A", "A+", "B", "B+"),
+        "asym": ("none", "A", "A+", "B", "B+"),
+        "skew": ("none", "A", "A+", "B", "B+"),
+        "lone": ("none", "A+", "B+"),
+        "ref-b": ("none",), "b": ("none", "A", "A+", "B", "B+"),
+        "ref-b16": ("none",), "b16": ("none", "A", "A+", "B", "B+"),
+        "c-pause": ("none",), "c": ("none", "A", "A+", "B", "B+"),
+        "fallback": ("A+",),
+        "ref-p": ("none",), "p": ("none", "A+1s", "A+", "B+"),
+        "p4": ("none", "A+1s", "A+", "B+")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -380,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="also sweep report_ms 100/250/500 x delay 0/50/200 ms for these "
                          "designs (comma-separated, e.g. A,A+,B+; about 20 s each)")
     ap.add_argument("--json", type=Path, help="write every result as JSON lines here")
+    ap.add_argument("--only", default="", metavar="SCENARIOS",
+                    help="run only these scenarios of the main table (comma-separated)")
     args = ap.parse_args(argv)
     started = time.perf_counter()
     results: list[Result] = []
@@ -391,7 +441,10 @@ def main(argv: list[str] | None = None) -> int:
     print("")
     print("report 250 ms, delay 50 ms")
     print(f"{'scenario':34s} {'design':6s} {'ratio':>6s} {'low':>6s} {'high':>6s}")
+    only = set(args.only.split(",")) if args.only else set(MAIN)
     for key, variants in MAIN.items():
+        if key not in only:
+            continue
         for v in variants:
             r = measure(key, v, 250, 50)
             results.append(r)

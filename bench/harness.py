@@ -128,6 +128,30 @@ class CpuMeter:
         return float(times.user + times.system)
 
 
+class TreeCpuMeter:
+    """user+sys CPU seconds of a process and all its descendants (a supervisor and its
+    workers), those that exited and were waited for included (their parent's children_*
+    times). ``processes`` is how many were alive at the last read."""
+
+    def __init__(self, pid: int) -> None:
+        self._root = psutil.Process(pid)
+        self.processes = 0
+
+    def read(self) -> float:
+        total, alive = 0.0, 0
+        for proc in (self._root, *self._root.children(recursive=True)):
+            try:
+                t = proc.cpu_times()
+            except psutil.NoSuchProcess:
+                if proc is self._root:
+                    raise
+                continue                      # gone meanwhile: counted once its parent waits
+            total += t.user + t.system + t.children_user + t.children_system
+            alive += 1
+        self.processes = alive
+        return float(total)
+
+
 class ForeignCpu:
     """Approximate CPU seconds used by processes other than this benchmark and its children
     (user+nice+system of the machine minus ours): shows whether something else disturbed the run."""

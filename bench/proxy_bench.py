@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -157,8 +158,8 @@ def start_environment(stack: contextlib.ExitStack, workdir: Path) -> dict[str, E
     return endpoints
 
 
-def create_topic(endpoint: Endpoint, topic: str) -> None:
-    new_topic = NewTopic(topic, num_partitions=1, replication_factor=1)
+def create_topic(endpoint: Endpoint, topic: str, partitions: int = 1) -> None:
+    new_topic = NewTopic(topic, num_partitions=partitions, replication_factor=1)
     futures = endpoint.admin.create_topics([new_topic], operation_timeout=15)
     try:
         futures[topic].result(timeout=30)
@@ -173,7 +174,10 @@ def delete_topic(endpoint: Endpoint, topic: str) -> None:
 
 
 def produce_workload(bootstrap: str, topic: str, messages: int, message_bytes: int,
-                     cpu: CpuMeter, log: ClientLog) -> Measurement:
+                     cpu: CpuMeter, log: ClientLog, *, partition: int = -1,
+                     ready: Callable[[], object] | None = None) -> Measurement:
+    """``partition`` -1: librdkafka's partitioner. ``ready`` is called once connected, just
+    before the timing starts (concurrent clients wait there for each other)."""
     errors: list[str] = []
 
     def on_error_report(err: Any, _msg: Any) -> None:
@@ -191,6 +195,8 @@ def produce_workload(bootstrap: str, topic: str, messages: int, message_bytes: i
         "on_delivery": on_error_report,
     })
     producer.list_topics(topic, timeout=15)   # connect and learn the leader before timing
+    if ready is not None:
+        ready()
     payload = os.urandom(message_bytes)
     watchdog = Watchdog("produce", messages, log)
 
@@ -198,7 +204,7 @@ def produce_workload(bootstrap: str, topic: str, messages: int, message_bytes: i
     for i in range(messages):
         while True:
             try:
-                producer.produce(topic, payload)
+                producer.produce(topic, payload, partition=partition)
                 break
             except BufferError:               # local queue full: let librdkafka catch up
                 producer.poll(0.005)
@@ -215,7 +221,9 @@ def produce_workload(bootstrap: str, topic: str, messages: int, message_bytes: i
 
 
 def fetch_workload(bootstrap: str, topic: str, messages: int, cpu: CpuMeter,
-                   log: ClientLog) -> Measurement:
+                   log: ClientLog, *, partition: int = 0,
+                   ready: Callable[[], object] | None = None) -> Measurement:
+    """Reads ``messages`` from ``partition``; ``ready`` as in ``produce_workload``."""
     consumer = Consumer({
         "bootstrap.servers": bootstrap,
         "logger": log,
@@ -230,12 +238,16 @@ def fetch_workload(bootstrap: str, topic: str, messages: int, cpu: CpuMeter,
     })
     try:
         consumer.list_topics(topic, timeout=15)
+        if ready is not None:
+            ready()
         received = nbytes = 0
         watchdog = Watchdog("fetch", messages, log)
         cpu_before, start = cpu.read(), time.perf_counter()
-        consumer.assign([TopicPartition(topic, 0, 0)])
+        consumer.assign([TopicPartition(topic, partition, 0)])
         while received < messages:
-            for msg in consumer.consume(num_messages=10_000, timeout=1.0):
+            # never ask for more than remain: consume() would wait out its timeout for them
+            for msg in consumer.consume(num_messages=min(10_000, messages - received),
+                                        timeout=1.0):
                 if msg.error():
                     raise WorkloadError(f"consume error after {received} messages: {msg.error()}")
                 received += 1

@@ -132,7 +132,7 @@ class TopicReader:
     cancelled; subscriptions are added before."""
 
     def __init__(self, bootstrap: list[str], client_id: str = "kafka-quota-proxy",
-                 check_seconds: float = 1.0, fetch_max_wait_ms: int = 50) -> None:
+                 check_seconds: float = 5.0, fetch_max_wait_ms: int = 200) -> None:
         self.bootstrap = bootstrap
         self.client_id = client_id
         self.check_seconds = check_seconds
@@ -189,7 +189,7 @@ class TopicReader:
                 if not consumer.assignment():  # (getmany waits for an assignment)
                     await asyncio.sleep(max(0.0, next_check - loop.time()))
                     continue
-                batches = await consumer.getmany(timeout_ms=100)
+                batches = await consumer.getmany(timeout_ms=self.fetch_max_wait_ms)
                 for tp, records in batches.items():
                     sub = self.subscriptions[tp.topic]
                     sub.records += len(records)

@@ -39,6 +39,7 @@ TOPIC_CONFIGS = {"cleanup.policy": "compact,delete", "retention.ms": "3600000",
 # a topic missing this long (seconds) is created again (by every process that may create it)
 RECREATE_AFTER_S = 10.0
 _FAILURES_BEFORE_NEW_PRODUCER = 3
+EARLY_REPORT_MS = 20  # at least this long between an early report and the one before
 _CLOSE_TIMEOUT_S = 5.0
 
 
@@ -64,7 +65,13 @@ class Coordination:
         self.remote = RemoteUsage(process, settings.samples, settings.window_ms,
                                   config.staleness_ms, initial_processes)
         self.shared = SharedBudgets(self.remote)
+        self.shared.on_first_use = self._report_soon
         quotas.share(self.shared.hooks)
+        self._soon: asyncio.Handle | None = None  # an early report, scheduled
+        self.last_report_ms = 0
+        self.early_reports = 0
+        self._last_empty = False  # the last report written held no budget
+        self._last_written_ms = 0
         # aiokafka's TLS and SASL options (``proxy.tls.kafka_client_options``), set at start
         self.client_options: dict[str, Any] = {}
         self._producer: Any = None
@@ -151,17 +158,48 @@ class Coordination:
             elif self.connected and self.config.create_topic:
                 await self._recreate_if_missing(loop.time())
 
+    def _report_soon(self) -> None:
+        """A budget used for the first time: report now (after the request being recorded),
+        at most one early report per ``EARLY_REPORT_MS``."""
+        if self._soon is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # (no loop: tests driving the hooks directly)
+            return
+        wait = max(0, EARLY_REPORT_MS - (self.clock() - self.last_report_ms)) / 1000.0
+        self._soon = loop.call_later(wait, self._early)
+
+    def _early(self) -> None:
+        if self._in_flight:  # the report before is still being written: right after it
+            self._soon = asyncio.get_running_loop().call_later(EARLY_REPORT_MS / 1000.0,
+                                                               self._early)
+            return
+        self._soon = None
+        self.early_reports += 1
+        self.tick()
+
     def tick(self) -> None:
         """Make this process's report, start writing it, forget stale processes."""
         now = self.clock()
+        self.last_report_ms = now
         self.seq += 1
         report = usage_report(self.process, self.seq, self.wall(), self.quotas.managers, now)
         self.shared.reported(now)
         self.remote.expire(now)
         self._note_fallback()
+        if not report.budgets:
+            # nothing limited in use: an empty report says only "alive", which every half
+            # staleness is enough for (the others keep counting this process)
+            if self._last_empty and now - self._last_written_ms < self.config.staleness_ms // 2:
+                return
+            self._last_empty = True
+        else:
+            self._last_empty = False
         if self._in_flight:
             self.writes_skipped += 1
             return
+        self._last_written_ms = now
         data = report.encode()
         self.report_bytes = len(data)
         self._in_flight += 1
@@ -297,6 +335,9 @@ class Coordination:
              "Processes forgotten because their reports stopped", remote.dropped),
             ("kafka_proxy_shared_quota_report_write_errors", "Reports that could not be written",
              self.write_errors),
+            ("kafka_proxy_shared_quota_early_reports",
+             "Reports made at once because a budget was used for the first time",
+             self.early_reports),
             ("kafka_proxy_shared_quota_reports_skipped",
              "Reports not written because the previous one was still on its way",
              self.writes_skipped),

@@ -567,6 +567,13 @@ async def run_proxy(config: ProxyConfig, stop: asyncio.Event,
     if worker is not None:
         from proxy.workers import report_ready
 
+        # Listen on the brokers' ports before saying ready: a worker that has not learnt the
+        # brokers yet does not listen on their ports, so the kernel would hand every client
+        # connection to the workers that have (SO_REUSEPORT spreads over the listening ones).
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proxy.cluster_reachable.wait(),
+                                   config.upstream.connect_timeout_seconds)
+
         report_ready(worker[1], proxy.metrics_port)
     if config_path is not None:
         with contextlib.suppress(NotImplementedError, RuntimeError):

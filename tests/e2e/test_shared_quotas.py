@@ -1,10 +1,9 @@
 """Budgets shared by every process of every instance (issue 16): two proxy instances, each of
 two workers, in front of one tansu, terminating SASL. Four librdkafka producers of user alice
 (per-user quota) and four of client-id ``spread`` (per-client-id quota) are spread over both
-instances (and, by SO_REUSEPORT, over their workers): each entity gets about what one
-enforcement point would give it (within -30%..+60% over the run; uncoordinated gives 2 to 4
-times it). The figure over whole throttle cycles is printed: the ±5% the issue asks is not
-yet held by the live runtime (docs/scale-out.md). Every message acknowledged is in the topic
+instances (and, by SO_REUSEPORT, over their workers): each entity gets its quota over whole
+throttle cycles (±15% in this one short run; the figures are bench/shared_budgets_bench.py's),
+where uncoordinated it would get 2 to 4 times it. Every message acknowledged is in the topic
 exactly once. The usage topic deleted mid-run puts every process into the fallback (quota /
 4, said by a metric); recreating it brings them back."""
 
@@ -143,8 +142,10 @@ def test_two_instances_of_two_workers_enforce_one_budget_per_entity(
                   f"{rate / QUOTA:.3f} of the quota over whole throttle cycles after "
                   f"{WARMUP_S:.0f} s (4 producers on 2 instances x 2 workers)")
             # Uncoordinated, the processes the producers landed on (2 to 4) would each give
-            # the whole quota: 2 to 4 times this.
-            assert 0.7 <= ratio <= 1.6, (entity, ratio)
+            # the whole quota: 2 to 4 times this. Over whole cycles the coordinated figure is
+            # within ±5% in bench/shared_budgets_bench.py; here, one short run, ±15%.
+            assert rate == pytest.approx(QUOTA, rel=0.15), (entity, rate)
+            assert 0.7 <= ratio <= 1.4, (entity, ratio)
         for proxy in instances:
             throttled = _metric(proxy, "kafka_proxy_quota_throttled_requests_total")
             assert sum(throttled) > 0

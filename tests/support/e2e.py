@@ -60,6 +60,7 @@ class ProxyProcess:
     ports: tuple[int, int] = (0, 0)
     process: subprocess.Popen[bytes] | None = None
     nofile: tuple[int, int] | None = None  # RLIMIT_NOFILE (soft, hard) to start the proxy with
+    log_level: str = "debug"
 
     @property
     def bootstrap(self) -> str:
@@ -94,7 +95,7 @@ class ProxyProcess:
 {self.upstream_yaml}metrics:
   listen: "127.0.0.1:{self.metrics_port}"
 logging:
-  level: debug
+  level: {self.log_level}
 {self.extra_yaml}"""
         )
 

@@ -429,3 +429,22 @@ def test_the_enforcer_gives_every_broker_manager_its_shared_hooks() -> None:
     assert before.hook is not None and before.headroom_hook is not None
     assert after.hook is not None and after.headroom_hook is not None
     assert seen == [1, 2]
+
+
+def test_a_peer_with_usage_anywhere_in_the_window_counts_as_active() -> None:
+    """The lag compensation counts every other process with usage in the quota window, not
+    only those that recorded just before their report: a peer whose client sat out a long
+    throttle comes back with the others when the window frees (pipelined producers on 4
+    processes got 1.127 of the quota with a one-second horizon, in the simulation)."""
+    t = 20_000
+    remote = reading(now=t)
+    # b's last record was 5 s before its report (its client throttled since)
+    remote.observe(report("b", 1, {KEY: ((8_000, 5_000, 500_000.0),)}), t)
+    shared = SharedBudgets(remote)
+    hook = shared.hook(1)
+    m = SharedQuotaManager(SETTINGS, hook)
+    m.record(P, "u", "app", 100_000, t + 10)
+    assert shared.unseen(KEY, t + 20) == 100_000  # b is taken to have done as much since
+    narrow = SharedBudgets(remote, active_ms=1000)  # the horizon first built
+    SharedQuotaManager(SETTINGS, narrow.hook(1)).record(P, "u", "app", 100_000, t + 10)
+    assert narrow.unseen(KEY, t + 20) == 0
