@@ -47,9 +47,10 @@ from tests.support.e2e import ProxyProcess, new_topic, wait_for
 from tests.support.rates import cycle_rate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from coordination_sim import Cycles
+from coordination_sim import Cycles, most_in_a_window
 
 QUOTA = 1_000_000
+BATCH_BYTES = [65536]  # librdkafka batch.size of every producer (--batch-bytes)
 VALUE = b"b" * 1000
 WARMUP_S = 12.0
 PASSWORD = "bench-secret"
@@ -112,7 +113,7 @@ def _produce(bootstrap: str, client_id: str, topic: str, seconds: float,
                          "security.protocol": "SASL_PLAINTEXT",
                          "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": "alice",
                          "sasl.password": PASSWORD, "acks": "1", "linger.ms": 5,
-                         "batch.size": 65536, "queue.buffering.max.kbytes": 2048})
+                         "batch.size": BATCH_BYTES[0], "queue.buffering.max.kbytes": 2048})
 
     def done(err: object, msg: Any) -> None:
         if err is not None:
@@ -200,23 +201,6 @@ def _gauge(proxy: ProxyProcess, name: str) -> list[float]:
     return [v for k, v in metrics.items() if k.startswith(name + "{") or k == name]
 
 
-def _most_in_a_window(events: list[tuple[float, int]], since: float, until: float,
-                      window_s: float = 11.0) -> float:
-    """The most bytes delivered in any ``window_s`` ending in ``[since, until)``."""
-    best = total = 0.0
-    lo = 0
-    for t, n in events:
-        if t >= until:
-            break
-        total += n
-        while events[lo][0] <= t - window_s:
-            total -= events[lo][1]
-            lo += 1
-        if t >= since:
-            best = max(best, total)
-    return best
-
-
 def run_move(tansu: TansuBroker, variant: str, move_after: float, after_s: float, work: Path
              ) -> dict[str, Any]:
     """One client on instance a for ``move_after`` s, then on b for ``after_s`` s (``still``:
@@ -253,7 +237,7 @@ def run_move(tansu: TansuBroker, variant: str, move_after: float, after_s: float
             p.stop()
     events = sorted((t - start, n) for t, n in delivered)
     move_s = moved - start
-    most = _most_in_a_window(events, move_s, move_s + 22.0) / QUOTA
+    most = most_in_a_window(events, move_s, move_s + 22.0, 11.0) / QUOTA
     result: dict[str, Any] = {"scenario": "move", "variant": variant,
                               "most_in_a_window_s": round(most, 2),
                               "cycles": round(cycle_rate(events, WARMUP_S, QUOTA) / QUOTA, 3)}
@@ -274,7 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scenarios", default=",".join([*SCENARIOS, "move"]))
     parser.add_argument("--variants", default="one,none,shared")
     parser.add_argument("--move-after", type=float, default=20.0)
+    parser.add_argument("--batch-bytes", type=int, default=65536,
+                        help="librdkafka batch.size of the producers (65536)")
     args = parser.parse_args(argv)
+    BATCH_BYTES[0] = args.batch_bytes
     work = Path(tempfile.mkdtemp(prefix="shared-bench-"))
     tansu = TansuBroker(log_path=str(work / "tansu.log")).start()
     results = []

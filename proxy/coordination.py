@@ -89,13 +89,21 @@ class Coordination:
         self.report_age_ms_total = 0  # sent -> read, over every report read
         self.report_age_ms_max = 0
         self.connected = False
-        self.topic_present = False
+        self._subscription: Subscription | None = None
 
     # ------------------------------------------------------------------ reading
     def subscription(self) -> Subscription:
         """The usage topic, for the process's ``TopicReader``: from ``staleness_ms`` ago."""
-        return Subscription(self.config.topic, self.observe, self._reader_state,
-                            start=lambda: self.wall() - self.config.staleness_ms)
+        self._subscription = Subscription(
+            self.config.topic, self.observe, self._reader_state,
+            start=lambda: self.wall() - self.config.staleness_ms)
+        return self._subscription
+
+    @property
+    def topic_present(self) -> bool:
+        """The usage topic was in the cluster's metadata at the reader's last check."""
+        sub = self._subscription
+        return sub is not None and sub.present
 
     def observe(self, key: bytes | None, value: bytes | None, timestamp_ms: int) -> None:
         """One record of the usage topic."""
@@ -117,7 +125,6 @@ class Coordination:
 
     def _reader_state(self, connected: bool, reading: bool) -> None:
         self.connected = connected
-        self.topic_present = reading or (connected and self.topic_present)
         self.remote.set_reading(reading, self.clock())
         self._note_fallback()
 

@@ -275,6 +275,7 @@ class RemoteUsage:
         self._index: dict[BudgetKey, dict[str, list[_Held]]] = {}
         self.reading = False
         self._known_live = max(1, initial_processes)
+        self._recent_live: list[tuple[int, int]] = []  # (when, processes live), see _note_live
         self.ignored = 0  # reports made with another window, or older than one held
         self.dropped = 0  # processes forgotten for staleness
 
@@ -282,8 +283,19 @@ class RemoteUsage:
     def set_reading(self, reading: bool, now_ms: int) -> None:
         """The reader's state: reading the reports, caught up with the topic's end."""
         if self.reading and not reading and not self._own_missing(now_ms):
-            self._known_live = self.live(now_ms)
+            self._note_live(now_ms)
         self.reading = reading
+
+    def _note_live(self, now_ms: int) -> None:
+        """The fallback's divisor: the most processes live at once over the last
+        ``staleness_ms`` while reports flowed. (When the medium fails, every peer's reports
+        stop together but go stale one after the other, some before this process's own: the
+        count at the last moment would be too low.)"""
+        recent = self._recent_live
+        recent.append((now_ms, self.live(now_ms)))
+        while recent and now_ms - recent[0][0] > self.staleness_ms:
+            recent.pop(0)
+        self._known_live = max(n for _, n in recent)
 
     def observe(self, report: UsageReport, as_of_ms: int) -> bool:
         """Take a report in; False when it is ignored."""
@@ -333,7 +345,7 @@ class RemoteUsage:
             self.forget(p)
         self.dropped += len(stale)
         if not self.fallback(now_ms):
-            self._known_live = self.live(now_ms)
+            self._note_live(now_ms)
         return stale
 
     # ------------------------------------------------------------------ answers

@@ -448,3 +448,24 @@ def test_a_peer_with_usage_anywhere_in_the_window_counts_as_active() -> None:
     narrow = SharedBudgets(remote, active_ms=1000)  # the horizon first built
     SharedQuotaManager(SETTINGS, narrow.hook(1)).record(P, "u", "app", 100_000, t + 10)
     assert narrow.unseen(KEY, t + 20) == 0
+
+
+def test_the_fallback_divisor_is_the_most_processes_live_before_reports_stopped() -> None:
+    """The medium fails: every peer's reports stop at once but go stale one after the other,
+    some before this process's own; the divisor is the four processes live just before, not
+    the two left when its own report went stale."""
+    remote = RemoteUsage("me", staleness_ms=2000, initial_processes=1)
+    remote.set_reading(True, 0)
+    remote.observe(report("me", 1, {}), 1000)
+    for p, at in (("b", 500), ("c", 600), ("d", 1000)):
+        remote.observe(report(p, 1, {}), at)
+    remote.expire(1000)
+    assert remote.live(1000) == 4 and remote.fallback_processes == 4
+    remote.expire(2650)  # b and c stale already, its own still fresh
+    assert remote.live(2650) == 2 and not remote.fallback(2650)
+    assert remote.fallback(3000) and remote.fallback_processes == 4
+    # a process that left (b, c) counts no more once the staleness has passed
+    remote.observe(report("me", 2, {}), 5000)
+    remote.observe(report("d", 2, {}), 5000)
+    remote.expire(5000)
+    assert remote.fallback_processes == 2
