@@ -51,6 +51,12 @@ def no_topic_auto_creation() -> None:
     aiokafka.client.MetadataRequest = _NoAutoCreate
 
 
+async def stop_quietly(client: Any) -> None:
+    """Stop an aiokafka client, within ``_CLOSE_TIMEOUT_S``, whatever goes wrong."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(client.stop(), _CLOSE_TIMEOUT_S)
+
+
 class TopicError(RuntimeError):
     """A topic that cannot be created."""
 
@@ -199,8 +205,7 @@ class TopicReader:
                     if sub.pending:
                         await self._caught_up(consumer, sub)
         finally:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(consumer.stop(), _CLOSE_TIMEOUT_S)
+            await stop_quietly(consumer)
 
     async def _check(self, consumer: Any) -> None:
         """The topics' partitions now: assign what appeared, drop what went; read again a

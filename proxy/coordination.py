@@ -14,7 +14,6 @@ the others stop counting it at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import socket
 import time
@@ -26,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from config.schema import CoordinationConfig
 from proxy.clock import now_ms, wall_ms
-from proxy.cluster_topics import Subscription, TopicError, ensure_topic
+from proxy.cluster_topics import Subscription, ensure_topic, stop_quietly
 from quota.capture_schema import process_id
 from quota.enforcer import QuotaEnforcer
 from quota.shared import RemoteUsage, ReportError, SharedBudgets, UsageReport, usage_report
@@ -40,7 +39,6 @@ TOPIC_CONFIGS = {"cleanup.policy": "compact,delete", "retention.ms": "3600000",
 RECREATE_AFTER_S = 10.0
 _FAILURES_BEFORE_NEW_PRODUCER = 3
 EARLY_REPORT_MS = 20  # at least this long between an early report and the one before
-_CLOSE_TIMEOUT_S = 5.0
 
 
 def own_process_id(instance: str | None, worker: int | None) -> str:
@@ -77,6 +75,7 @@ class Coordination:
         self._producer: Any = None
         self._failures = 0  # writes failed in a row
         self._in_flight = 0
+        self._writes: set[asyncio.Task[None]] = set()
         self.seq = 0
         self.in_fallback: bool | None = None
         self.missing_since: float | None = None
@@ -211,7 +210,8 @@ class Coordination:
         self.report_bytes = len(data)
         self._in_flight += 1
         task = asyncio.get_running_loop().create_task(self._write(report.key, data))
-        task.add_done_callback(lambda _t: None)
+        self._writes.add(task)  # (the loop keeps only a weak reference to a task)
+        task.add_done_callback(self._writes.discard)
 
     async def _write(self, key: bytes, value: bytes | None) -> None:
         try:
@@ -248,16 +248,14 @@ class Coordination:
             await asyncio.wait_for(producer.start(), 10.0)
         except BaseException:
             self._producer = None
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(producer.stop(), _CLOSE_TIMEOUT_S)
+            await stop_quietly(producer)
             raise
         return producer
 
     async def _discard_producer(self) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(producer.stop(), _CLOSE_TIMEOUT_S)
+            await stop_quietly(producer)
 
     async def ensure_topic(self, timeout_s: float = 10.0) -> None:
         """Create the usage topic unless it exists (``create_topic``); a cluster that cannot
@@ -268,7 +266,7 @@ class Coordination:
             await ensure_topic(self.bootstrap, self.config.topic, 1, TOPIC_CONFIGS,
                                self.client_options, "kafka-quota-proxy-usage", timeout_s,
                                "usage")
-        except (TopicError, Exception) as exc:
+        except Exception as exc:  # (TopicError included)
             log.warning("usage_topic_not_created", topic=self.config.topic,
                         error=repr(exc)[:300])
 

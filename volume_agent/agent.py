@@ -24,7 +24,7 @@ from aiokafka import AIOKafkaProducer
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from config.schema import AgentFile, StorageConfig, VolumeAgentConfig, VolumeLimitsConfig
-from proxy.cluster_topics import ensure_topic
+from proxy.cluster_topics import ensure_topic, stop_quietly
 from proxy.logs import get_logger
 from proxy.metrics import serve_metrics
 from proxy.tls import kafka_client_options
@@ -35,7 +35,6 @@ log = get_logger("kafka_quota_proxy.volume_agent")
 TOPIC_CONFIGS = {"cleanup.policy": "compact"}
 TOPIC_PARTITIONS = 1
 MAX_REPLICATION = 3  # as Kafka's own internal topics, on clusters that have that many brokers
-_CLOSE_TIMEOUT_S = 5.0
 
 
 class VolumeError(Exception):
@@ -215,8 +214,7 @@ class VolumeAgent:
     async def _discard_producer(self) -> None:
         producer, self._producer = self._producer, None
         if producer is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(producer.stop(), _CLOSE_TIMEOUT_S)
+            await stop_quietly(producer)
 
     async def _ensure_topic(self) -> None:
         """Create the topic, compacted, unless it exists; without its configs when the broker
