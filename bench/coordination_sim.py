@@ -44,7 +44,6 @@ Run: python bench/coordination_sim.py [--sweep A,A+,B,B+] [--json PATH]
 from __future__ import annotations
 
 import argparse
-import bisect
 import heapq
 import itertools
 import json
@@ -67,6 +66,7 @@ from quota.shared import (
     live_samples,
     usage_report,
 )
+from tests.support.rates import Cycles
 
 QUOTA = 1_000_000.0  # bytes/s
 REQUEST_BYTES = 16_384
@@ -287,55 +287,6 @@ def simulate(sc: Scenario, variant: Variant, report_ms: int, delay_ms: int,
 
 
 # ---------------------------------------------------------------------- measures
-def burst_starts(events: list[tuple[float, float]], quota: float) -> list[float]:
-    """The starts of throttle cycles: a 0.25 s bucket above twice the quota rate (a burst, as
-    ``cycle_rate`` finds them) after at least 5 s without one. (With many connections a
-    burst can spread over seconds, with buckets below the level in it, and a second, smaller
-    burst can follow a few seconds later: ``cycle_rate`` would begin a cycle there.)"""
-    bucket = 0.25
-    volume: dict[int, float] = {}
-    for t, n in events:
-        volume[int(t / bucket)] = volume.get(int(t / bucket), 0) + n
-    busy = 2 * quota * bucket
-    return [b * bucket for b in sorted(volume)
-            if volume[b] > busy and all(volume.get(b - i, 0) <= busy for i in range(1, 21))]
-
-
-class Cycles:
-    """Rates over whole throttle cycles of one run (``burst_starts``), / quota."""
-
-    def __init__(self, events: list[tuple[float, float]], quota: float) -> None:
-        self.quota = quota
-        self.starts = burst_starts(events, quota)
-        self.times = [t for t, _ in events]
-        self.cumulative = [0.0, *itertools.accumulate(n for _, n in events)]
-
-    def volume(self, since: float, until: float) -> float:
-        c, times = self.cumulative, self.times
-        return c[bisect.bisect_left(times, until)] - c[bisect.bisect_left(times, since)]
-
-    def rate(self, start: float, measure_s: float = 15.0) -> float:
-        """``cycle_rate``'s measure over these cycles: from the first cycle begun at or after
-        ``start`` to the first begun ``measure_s`` or more later."""
-        starts = [s for s in self.starts if s >= start]
-        first = starts[0] if starts else start
-        end = next((s for s in starts if s >= first + measure_s), first + measure_s)
-        return self.volume(first, end) / (end - first) / self.quota
-
-    def whole(self, start: float, span_s: float = 30.0) -> tuple[float, float, float]:
-        """Over every whole cycle from the first begun at or after ``start`` to the last one
-        begun; then the lowest and the highest ``rate`` over ``span_s`` or more, begun at
-        each cycle."""
-        starts = [s for s in self.starts if s >= start]
-        if len(starts) < 2:
-            r = self.rate(start)
-            return r, r, r
-        first, last = starts[0], starts[-1]
-        total = self.volume(first, last) / (last - first) / self.quota
-        each = [self.rate(s, span_s) for s in starts if s + span_s <= last]
-        return total, min(each, default=total), max(each, default=total)
-
-
 def most_in_a_window(events: list[tuple[float, float]], since: float, until: float,
                      window_s: float) -> float:
     """The most bytes recorded in any ``window_s`` ending in ``[since, until)``."""

@@ -44,10 +44,10 @@ from confluent_kafka import Producer
 from demo.embedded_broker import TansuBroker
 from security.credentials import add_user
 from tests.support.e2e import ProxyProcess, new_topic, wait_for
-from tests.support.rates import cycle_rate
+from tests.support.rates import Cycles, cycle_rate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from coordination_sim import Cycles, most_in_a_window
+from coordination_sim import most_in_a_window
 
 QUOTA = 1_000_000
 BATCH_BYTES = [65536]  # librdkafka batch.size of every producer (--batch-bytes)
