@@ -1,10 +1,10 @@
 """Budgets shared by every process of every instance (issue 16): two proxy instances, each of
 two workers, in front of one tansu, terminating SASL. Four librdkafka producers of user alice
 (per-user quota) and four of client-id ``spread`` (per-client-id quota) are spread over both
-instances (and, by SO_REUSEPORT, over their workers): over the run each entity gets 0.8-1.4
-of what one enforcement point allows (its quota and the padded first window), where
-uncoordinated it would get 2 to 4 times it (the accuracy figures over whole throttle cycles
-are bench/shared_budgets_bench.py's). Every message acknowledged is in the topic
+instances (and, by SO_REUSEPORT, over their workers): over every whole throttle cycle after
+the warm-up each entity gets its quota within 5 %, and over the run 0.8-1.4 of what one
+enforcement point allows (its quota and the padded first window), where uncoordinated it
+would get 2 to 4 times it. Every message acknowledged is in the topic
 exactly once. The usage topic deleted mid-run puts every process into the fallback (quota /
 4, said by a metric); recreating it brings them back."""
 
@@ -140,17 +140,23 @@ def test_two_instances_of_two_workers_enforce_one_budget_per_entity(
             ratio = sum(n for _, n, _ in delivered) / allowed
             events = sorted((t - start, n) for t, n, _ in delivered)
             rate = cycle_rate(events, WARMUP_S, QUOTA)
-            whole, low, high = Cycles(events, QUOTA).whole(WARMUP_S)
+            cycles = Cycles(events, QUOTA)
+            whole = cycles.whole(WARMUP_S)[0]
+            starts = [s for s in cycles.starts if s >= WARMUP_S]
             print(f"{entity}: {ratio:.3f} of what one enforcement point allows over the run; "
                   f"{rate / QUOTA:.3f} of the quota over the first whole throttle cycles "
                   f"after {WARMUP_S:.0f} s, {whole:.3f} over every whole cycle "
-                  f"({low:.3f}-{high:.3f}) (4 producers on 2 instances x 2 workers)")
+                  f"(cycles begun at {[round(s, 1) for s in starts]} s; 4 producers on 2 "
+                  "instances x 2 workers)")
             # Uncoordinated, the processes the producers landed on (2 to 4) would each give
-            # the whole quota: 2 to 4 times this. The rate over the first cycles of one 40 s
-            # run is printed, not asserted: with bursts split over processes its burst
-            # detection can start a cycle at a second, smaller burst (0.64 once in CI, where
-            # the run as a whole was 1.117); bench/shared_budgets_bench.py measures every
-            # whole cycle of 90 s runs (within ±5%).
+            # the whole quota: 2 to 4 times this. Over every whole throttle cycle after the
+            # warm-up (from the first burst after 5 s without one to the last, as
+            # bench/shared_budgets_bench.py measures its 90 s runs) the entity gets its quota
+            # within 5 % (measured 0.996-1.038). (The first-cycles measure is printed only:
+            # with bursts split over processes it can start a cycle at a second, smaller
+            # burst: 0.64 once in CI where the run as a whole was 1.117.)
+            assert len(starts) >= 2, (entity, cycles.starts)
+            assert 0.95 <= whole <= 1.05, (entity, whole, starts)
             assert 0.8 <= ratio <= 1.4, (entity, ratio)
         for proxy in instances:
             throttled = _metric(proxy, "kafka_proxy_quota_throttled_requests_total")
