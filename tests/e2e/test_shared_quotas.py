@@ -29,7 +29,7 @@ pytestmark = pytest.mark.e2e
 QUOTA = 1_000_000
 VALUE = b"s" * 1000
 WARMUP_S = 12.0
-RUN_S = 40.0
+RUN_S = 52.0
 USAGE_TOPIC = "__kafka_quota_proxy_usage"
 PASSWORDS = {"alice": "alice-secret", "bob": "bob-secret"}
 
@@ -152,7 +152,8 @@ def test_two_instances_of_two_workers_enforce_one_budget_per_entity(
             # the whole quota: 2 to 4 times this. Over every whole throttle cycle after the
             # warm-up (from the first burst after 5 s without one to the last, as
             # bench/shared_budgets_bench.py measures its 90 s runs) the entity gets its quota
-            # within 5 % (measured 0.996-1.038). (The first-cycles measure is printed only:
+            # within 5 % (3 or 4 cycles in 52 s: measured 0.994-1.016 in 6; over 2 cycles of
+            # 40 s runs, 0.996-1.092). (The first-cycles measure is printed only:
             # with bursts split over processes it can start a cycle at a second, smaller
             # burst: 0.64 once in CI where the run as a whole was 1.117.)
             assert len(starts) >= 2, (entity, cycles.starts)
