@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import ipaddress
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, cast
 
@@ -23,6 +24,7 @@ from pydantic import (
 
 from config.security import ClientTlsConfig, ListenerSecurity, UpstreamSaslConfig
 from protocol.framing import DEFAULT_MAX_FRAME_BYTES
+from quota.client_quotas import Entity, entity_key, from_entity_key
 from quota.entities import DEFAULT, DEFAULT_NAME, EntityKey, Name, QuotaType
 from quota.manager import QuotaSettings
 from quota.replay import settings_from_section
@@ -279,6 +281,27 @@ class RequestTimeConfig(_Model):
     )
 
 
+def _config_name(name: Name | None) -> str | None:
+    return None if name is None else (name if isinstance(name, str) else DEFAULT_NAME)
+
+
+def _principal(name: str) -> str:
+    """A principal as ``Client.user`` holds it: Kafka's ``User:`` prefix is optional."""
+    return name[5:] if name.startswith("User:") else name
+
+
+class QuotaOverridesConfig(_Model):
+    """Client quotas altered with Kafka's AlterClientQuotas (``kafka-configs.sh --alter``),
+    stored as dynamic overrides of ``quotas.entities`` in a compacted topic on the cluster
+    that every proxy reads (``docs/quota-admin.md``)."""
+
+    enabled: bool = Field(
+        default=True, description="Read (and, for admin principals, write) the overrides topic.")
+    topic: str = Field(default="__kafka_quota_proxy_quotas", min_length=1, max_length=249)
+    create_topic: bool = Field(
+        default=True, description="Create the topic (compacted) when an alter needs it.")
+
+
 class QuotasConfig(_Model):
     window: QuotaWindowConfig = QuotaWindowConfig()
     request_time: RequestTimeConfig = RequestTimeConfig()
@@ -288,6 +311,13 @@ class QuotasConfig(_Model):
         "(Kafka leaves them unbounded).",
     )
     entities: list[QuotaEntityConfig] = []
+    admin_principals: list[str] = Field(
+        default=[], description="Principals that may alter and describe client quotas "
+        "(AlterClientQuotas, DescribeClientQuotas); ``User:`` prefix optional.")
+    describe_principals: list[str] = Field(
+        default=[], description="Principals that may describe client quotas, besides "
+        "admin_principals.")
+    overrides: QuotaOverridesConfig = QuotaOverridesConfig()
     metrics_top_entities: int = Field(
         default=100, ge=0, le=10_000,
         description="Per-entity quota metrics are exported for this many busiest budgets.",
@@ -296,6 +326,43 @@ class QuotasConfig(_Model):
         default=2.0, ge=0,
         description="How often the config file is checked for changes (0: only on SIGHUP).",
     )
+
+    def may_alter(self, principal: str) -> bool:
+        return principal in {_principal(p) for p in self.admin_principals}
+
+    def may_describe(self, principal: str) -> bool:
+        return self.may_alter(principal) or principal in {
+            _principal(p) for p in self.describe_principals}
+
+    def static_quotas(self) -> dict[Entity, dict[str, float]]:
+        """``entities`` as client quota entities (``quota.client_quotas``)."""
+        out: dict[Entity, dict[str, float]] = {}
+        for e in self.entities:
+            values = out.setdefault(from_entity_key(e.key()), {})
+            values.update({qt.value: v for qt, v in e.quotas().items()})
+        return out
+
+    def with_overrides(self, overrides: Mapping[Entity, Mapping[str, float]]) -> QuotasConfig:
+        """These quotas with altered ones over ``entities`` (per entity and key), as
+        ``entities`` (the quotas this proxy knows: user and client-id byte rates and request
+        percentage; ``controller_mutation_rate`` is kept by the overrides, not applied)."""
+        if not overrides:
+            return self
+        merged = self.static_quotas()
+        for entity, values in overrides.items():
+            merged.setdefault(entity, {}).update(values)
+        entities = []
+        known = {qt.value for qt in QuotaType}
+        for entity, values in sorted(merged.items(), key=lambda kv: repr(kv[0])):
+            key = entity_key(entity)
+            kept = {k: v for k, v in values.items() if k in known}
+            if key is None or not kept:
+                continue
+            entities.append(QuotaEntityConfig.model_validate({
+                "user": _config_name(key.user), "client-id": _config_name(key.client_id),
+                **{k: (int(v) if k != QuotaType.REQUEST.value else v)
+                   for k, v in kept.items()}}))
+        return self.model_copy(update={"entities": entities})
 
     def settings(self) -> QuotaSettings:
         """The same conversion the replay applies to the ``quotas-*.json`` next to a

@@ -81,6 +81,10 @@ ADDRESS_BEARING: dict[int, int] = {
 # - DescribeQuorum v2 lists controller listener endpoints (host, port): clients stay on v1.
 # - SaslHandshake v0 is followed by raw, header-less SASL tokens the proxy cannot frame: v1+.
 _MAX_CAPS: dict[int, int] = {ApiKey.DESCRIBE_QUORUM: 1}
+# APIs the proxy answers itself, never forwarded, and the versions it answers (KIP-546's
+# client quota admin APIs: ``protocol.client_quota_frames``)
+ANSWERED_BY_PROXY: dict[int, tuple[int, int]] = {
+    48: (0, 1), 49: (0, 1)}  # DescribeClientQuotas, AlterClientQuotas
 _MIN_CAPS: dict[int, int] = {ApiKey.SASL_HANDSHAKE: 1}
 # Read by the proxy (SASL inspection: the mechanism, the client's identity, the broker's
 # verdict): capped at the highest version kio decodes.

@@ -18,6 +18,7 @@ class InFlight:
     facts, ``route`` and ``throttle_ms`` are read by the rewriter; the rest it never reads)."""
 
     __slots__ = (
+        "answer",
         "api_key",
         "api_version",
         "capture_row",
@@ -75,6 +76,10 @@ class InFlight:
         self.storage_scale: float | None = None
         # Produce when read, Fetch when measured: [(topic, partition, bytes of record batches)]
         self.partitions: Any = None
+        # a request the proxy answers itself (``Interest.ANSWERED``): its response frame
+        # (without size prefix), which replaces the broker's response to the filler sent in
+        # its place
+        self.answer: bytes | None = None
 
     def __repr__(self) -> str:
         return (

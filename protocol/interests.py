@@ -27,6 +27,10 @@ class Interest(IntFlag):
     FETCH_PARTITIONS = 4  # Fetch responses walked as they pass: bytes per partition
     RESPONSE_FRAME = 8  # every response held whole: the filters' response_frame, then the rewriter
     RESPONSE_TAIL = 16  # responses streamed, their top-level tagged fields handed to the rewriter
+    # requests the proxy answers itself: read whole before any byte goes upstream (so that the
+    # frame can always be replaced), and their responses held whole (replaced by the answer);
+    # implies REQUEST_FRAME and RESPONSE_FRAME
+    ANSWERED = 32
 
 
 Declaration = Callable[[int, int], Interest]
@@ -37,8 +41,8 @@ class InterestTable:
     per listener; what the streams ask per frame is answered from plain sets and booleans (the
     enum's operators are Python-level code, too slow for the hot path)."""
 
-    __slots__ = ("_request_frames", "fetch_partitions", "produce_partitions",
-                 "response_frames", "response_tails", "wants_request_frames")
+    __slots__ = ("_answered", "_request_frames", "fetch_partitions", "produce_partitions",
+                 "response_frames", "response_tails", "wants_answered", "wants_request_frames")
 
     def __init__(self, declarations: Iterable[Declaration]) -> None:
         declared = list(declarations)
@@ -46,11 +50,15 @@ class InterestTable:
         request_frames: set[tuple[int, int]] = set()
         frames: set[tuple[int, int]] = set()
         tails: set[tuple[int, int]] = set()
+        answered: set[tuple[int, int]] = set()
         for api_key, (_, _, top, _, _) in API_TABLE.items():
             for version in range(top + 1):
                 interest = Interest.NONE
                 for declare in declared:
                     interest |= declare(api_key, version)
+                if interest & Interest.ANSWERED:
+                    answered.add((api_key, version))
+                    interest |= Interest.REQUEST_FRAME | Interest.RESPONSE_FRAME
                 wanted |= interest
                 if interest & Interest.REQUEST_FRAME:
                     request_frames.add((api_key, version))
@@ -63,12 +71,19 @@ class InterestTable:
         self.response_frames = frozenset(frames)
         self.response_tails = frozenset(tails)
         self.wants_request_frames = bool(request_frames)
+        self._answered = frozenset(answered)
+        self.wants_answered = bool(answered)
         self.produce_partitions = bool(wanted & Interest.PRODUCE_PARTITIONS)
         self.fetch_partitions = bool(wanted & Interest.FETCH_PARTITIONS)
 
     def request_frame(self, api_key: int, api_version: int) -> bool:
         """Whether a client's request of this API and version is wanted whole."""
         return (api_key, api_version) in self._request_frames
+
+
+    def answered(self, api_key: int, api_version: int) -> bool:
+        """Whether requests of this API and version are answered by the proxy (read whole)."""
+        return (api_key, api_version) in self._answered
 
 
 def addresses(api_key: int, api_version: int) -> Interest:

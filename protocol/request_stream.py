@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from protocol import apis
 from protocol.correlation import CorrelationTable, InFlight
-from protocol.errors import MalformedFrame, UnknownApiKey, UnsupportedVersion
+from protocol.errors import FrameTooLarge, MalformedFrame, UnknownApiKey, UnsupportedVersion
 from protocol.framing import DEFAULT_MAX_FRAME_BYTES, NOTHING, Buffer, check_size
 from protocol.headers import HeaderProgress, RequestHeader, parse_request_header, produce_acks
 from protocol.incremental import PartitionBytes, Walker, produce_request_walk
@@ -19,6 +19,8 @@ from protocol.primitives import INT32
 # strings of at most 32767 bytes, fixed fields and header tagged fields. Beyond this an
 # incomplete header is refused whatever the chunking.
 _MAX_HEADER_BYTES = 2 * 32767 + 4096
+# The largest request the proxy reads whole to answer itself (client quota admin requests)
+WHOLE_FRAME_MAX = 1 << 20
 
 _PRODUCE = int(apis.ApiKey.PRODUCE)
 _FETCH = int(apis.ApiKey.FETCH)
@@ -40,7 +42,10 @@ class RequestStream:
         "_progress",
         "_remaining",
         "_table",
+        "_whole",
+        "_whole_until",
         "captured",
+        "captured_at",
         "measured",
     )
 
@@ -50,8 +55,15 @@ class RequestStream:
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         capture: Callable[[InFlight], bool] | None = None,
         measure_produce: bool = False,
+        whole: Callable[[int, int], bool] | None = None,
     ) -> None:
         self._table = table
+        # ``whole(api_key, api_version)`` True: the frame is read whole before any of it is
+        # forwarded (requests the proxy answers itself, whose frames it replaces), at most
+        # ``WHOLE_FRAME_MAX`` bytes; ``_whole_until``: the length such a frame in ``_pending``
+        # waits for.
+        self._whole = whole
+        self._whole_until = 0
         self._max = max_frame_bytes
         self._remaining = 0  # bytes of the current frame still to pass through
         # The start of a frame whose header is not complete yet (grown in place, so that a
@@ -68,6 +80,9 @@ class RequestStream:
         self._capture = capture
         self._capturing: tuple[InFlight, list[bytes]] | None = None
         self.captured: list[tuple[InFlight, bytes]] = []
+        # where each frame captured whole within one ``feed`` starts (after its size prefix)
+        # in the bytes that ``feed`` returned, by ``id(entry)`` (emptied with ``captured``)
+        self.captured_at: dict[int, int] = {}
         # ``measure_produce``: Produce v3+ frames are walked as they pass (nothing copied) and
         # their entry's ``partitions`` set when they end; those entries are appended to
         # ``measured`` (the caller empties it).
@@ -106,6 +121,7 @@ class RequestStream:
         """Keep ``data`` unread (and unforwarded) until the next ``feed``."""
         self._held += self._pending + data
         self._pending = bytearray()
+        self._whole_until = 0
 
     @property
     def measuring(self) -> InFlight | None:
@@ -141,6 +157,12 @@ class RequestStream:
             pending, self._pending = self._pending, bytearray()
             pending += data
             n = len(pending)
+            if self._whole_until:  # a frame read whole: waits until it is
+                if n < self._whole_until:
+                    self._pending = pending
+                    return NOTHING, events
+                self._whole_until = 0
+                progress = None
             waiting = True
             if n >= 4:
                 size = INT32.unpack_from(pending, 0)[0]
@@ -193,6 +215,15 @@ class RequestStream:
             progress = None  # (only ever about the first frame)
             header, expects_response, follower = read
             api_key = header.api_key
+            if end > n and self._whole is not None and self._whole(api_key,
+                                                                   header.api_version):
+                if size > WHOLE_FRAME_MAX:
+                    raise FrameTooLarge(
+                        f"{apis.api_name(api_key)} request of {size} bytes: the proxy answers "
+                        f"it itself and reads at most {WHOLE_FRAME_MAX}")
+                self._pending = bytearray(memoryview(data)[pos:])
+                self._whole_until = end - pos
+                break
             limit = end if end < n else n
             entry = InFlight(
                 api_key,
@@ -211,6 +242,7 @@ class RequestStream:
                     self._capturing = (entry, [data[pos + 4 : n]])
                 else:
                     self.captured.append((entry, data[pos + 4 : end]))
+                    self.captured_at[id(entry)] = pos + 4
             if self._measure and api_key == _PRODUCE and header.api_version >= 3:
                 parts: PartitionBytes = []
                 self._measuring = (

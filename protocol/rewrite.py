@@ -227,7 +227,9 @@ def cap_api_versions(
     offered: Callable[[int, int, int], tuple[int, int] | None] = apis.offered_range,
 ) -> bytes:
     """Edit an ApiVersions response body's ``api_keys`` array (see module docstring):
-    ``offered(api_key, min, max)`` gives the range to advertise, or None to drop the API."""
+    ``offered(api_key, min, max)`` gives the range to advertise, or None to drop the API; the
+    APIs the proxy answers itself (``apis.ANSWERED_BY_PROXY``) are advertised at its range,
+    whatever the broker offers (after the broker's entries)."""
     flexible = version >= 3
     pos = 2  # error_code
     if flexible:
@@ -236,7 +238,7 @@ def cap_api_versions(
     else:
         count = INT32.unpack_from(body, pos)[0]
         pos += 4
-    kept: list[bytes] = []
+    kept: list[tuple[int, bytes]] = []
     for _ in range(max(count, 0)):
         start = pos
         api_key = INT16.unpack_from(body, pos)[0]
@@ -246,22 +248,26 @@ def cap_api_versions(
         tag_start = pos
         if flexible:
             pos = skip_tagged_fields(body, pos)
+        if api_key in apis.ANSWERED_BY_PROXY:
+            continue  # (added below, at the proxy's range)
         kept_range = offered(api_key, lo, hi)
         if kept_range is None:
             continue
         if kept_range == (lo, hi):
-            kept.append(body[start:pos])
+            kept.append((api_key, body[start:pos]))
         else:
-            kept.append(
-                INT16.pack(api_key)
-                + INT16.pack(kept_range[0])
-                + INT16.pack(kept_range[1])
-                + body[tag_start:pos]
-            )
+            kept.append((api_key,
+                         INT16.pack(api_key)
+                         + INT16.pack(kept_range[0])
+                         + INT16.pack(kept_range[1])
+                         + body[tag_start:pos]))
     if pos > len(body):
         raise IndexError("api versions response truncated")
+    for api_key, (lo, hi) in apis.ANSWERED_BY_PROXY.items():
+        kept.append((api_key, INT16.pack(api_key) + INT16.pack(lo) + INT16.pack(hi)
+                     + (b"\x00" if flexible else b"")))
     length = write_uvarint(len(kept) + 1) if flexible else INT32.pack(len(kept))
-    return body[:2] + length + b"".join(kept) + body[pos:]
+    return body[:2] + length + b"".join(b for _, b in kept) + body[pos:]
 
 
 @cache
@@ -361,6 +367,12 @@ class ResponseRewriter:
         self.rewritten[api_key] = self.rewritten.get(api_key, 0) + 1
 
     def __call__(self, entry: InFlight, frame: bytes | memoryview) -> bytes | None:
+        answer = entry.answer
+        if answer is not None:  # answered by the proxy: the broker's answer to the filler goes
+            if entry.throttle_ms > 0:
+                answer = set_throttle_time(entry, answer) or answer
+            entry.response_size = len(answer) + 4  # what the client gets
+            return answer
         new = None
         if apis.needs_response_rewrite(entry.api_key, entry.api_version):
             new = self._rewrite(entry, frame)

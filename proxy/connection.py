@@ -77,7 +77,8 @@ class ProxiedConnection(asyncio.Protocol):
         self.requests = RequestStream(
             self.table, net.max_frame_bytes,
             request_frame if interests.wants_request_frames else None,
-            measure_produce=interests.produce_partitions)
+            measure_produce=interests.produce_partitions,
+            whole=interests.answered if interests.wants_answered else None)
         self.chain = FilterChain([make(self) for make in ctx.filters])
         # SASL termination reads the client's bytes until the client has authenticated
         self._interceptor: Any = next((f for f in self.chain.filters if f.intercepts), None)
@@ -97,6 +98,7 @@ class ProxiedConnection(asyncio.Protocol):
         self.client_gate.on_resume = self._read_held
         self.closed = False
         self._early: list[bytes] = []
+        self._response_holds: set[str] = set()  # ``hold_responses`` before the upstream was made
         self._connect_task: asyncio.Task[None] | None = None
         self._max_in_flight = net.max_in_flight_requests
         # For the proxy's sweep (``Proxy._sweep``): when bytes last went either way, and
@@ -179,6 +181,8 @@ class ProxiedConnection(asyncio.Protocol):
             # first, then what comes after (set when the socket connected, bytes read between
             # that and this line went ahead of the earlier ones: answered out of order).
             self.upstream = side
+            for reason in self._response_holds:
+                side.gate.pause(reason)
             if self._early:
                 early, self._early = self._early, []
                 transport.writelines(early)
@@ -331,6 +335,16 @@ class ProxiedConnection(asyncio.Protocol):
             rest = f.rest
             if rest:
                 self.data_received(rest)
+
+    def hold_responses(self, reason: str) -> None:
+        self._response_holds.add(reason)
+        if self.upstream is not None:
+            self.upstream.gate.pause(reason)
+
+    def release_responses(self, reason: str) -> None:
+        self._response_holds.discard(reason)
+        if self.upstream is not None:
+            self.upstream.gate.resume(reason)
 
     def resume_interception(self) -> None:
         if self._interceptor is not None:
@@ -580,8 +594,9 @@ def patch_captured(requests: RequestStream, forward: Buffer | bytearray, events:
             end -= event.request_size
             starts[id(event)] = end + 4
     out: bytearray | None = None
+    offsets, requests.captured_at = requests.captured_at, {}
     for entry, frame in captured:
-        at = starts.get(id(entry), -1)
+        at = offsets.get(id(entry), starts.get(id(entry), -1))
         whole = at >= 4 and forward[at : at + len(frame)] == frame
         patched = visit(entry, frame, whole)
         if patched is not None:

@@ -33,11 +33,13 @@ from proxy.coordination import Coordination, own_process_id
 from proxy.filters.base import Filter, FilterFactory
 from proxy.filters.capture import CaptureFilter
 from proxy.filters.fetch_routing import FetchRouting, FetchRoutingFilter
+from proxy.filters.quota_admin import QuotaAdminFilter
 from proxy.filters.quotas import QuotaFilter
 from proxy.filters.storage import StorageFilter
 from proxy.listeners import BOOTSTRAP, ListenerKind, Server, StartupError
 from proxy.logs import get_logger
 from proxy.metrics import EntityRow, ProxyStats, make_registry, serve_metrics
+from proxy.quota_admin import ClientQuotaAdmin
 from proxy.storage_watch import StorageWatch
 from proxy.tls import (
     TlsFileError,
@@ -143,13 +145,21 @@ class Proxy:
                 c, self.quotas, [str(b) for b in config.upstream.bootstrap_servers],
                 self.process, c.expected_processes or worker_count(config))
             self.stats.feature_families.append(self.coordination.metric_families)
-        # one reader for the proxy's own topics (the volume topic, the usage topic)
+        # client quotas altered with AlterClientQuotas (``proxy.quota_admin``)
+        self.quota_admin = ClientQuotaAdmin(
+            lambda: self.config.quotas, [str(b) for b in config.upstream.bootstrap_servers],
+            self._overrides_changed)
+        self.stats.feature_families.append(self.quota_admin.metric_families)
+        # one reader for the proxy's own topics (the volume, usage and quota-overrides topics)
         self.topics: TopicReader | None = None
-        if self.storage is not None or self.coordination is not None:
+        if (self.storage is not None or self.coordination is not None
+                or config.quotas.overrides.enabled):
             self.topics = TopicReader([str(b) for b in config.upstream.bootstrap_servers])
             for feature in (self.storage, self.coordination):
                 if feature is not None:
                     self.topics.subscribe(feature.subscription())
+            if config.quotas.overrides.enabled:
+                self.topics.subscribe(self.quota_admin.subscription())
         self._coordinating: list[asyncio.Task[Any]] = []  # stopped after the drain
         self.upstream_tls: ssl.SSLContext | None = None  # made at start (files read then)
         self.own_identity: OwnIdentity | None = None  # toward brokers requiring SASL
@@ -159,7 +169,8 @@ class Proxy:
         """The shared features' filters, in chain order: quotas, storage throttling, fetch
         routing (brokers' ports), capture (each kind puts its identity filter first)."""
         made: list[tuple[type[Filter], FilterFactory]] = [
-            (QuotaFilter, partial(QuotaFilter, quotas=self.quotas, stats=self.stats))]
+            (QuotaFilter, partial(QuotaFilter, quotas=self.quotas, stats=self.stats)),
+            (QuotaAdminFilter, partial(QuotaAdminFilter, admin=self.quota_admin))]
         if self.storage is not None:
             made.append((StorageFilter, partial(StorageFilter, storage=self.storage)))
         if self.routing.enabled and scope != BOOTSTRAP_SCOPE:
@@ -190,6 +201,7 @@ class Proxy:
                 self.topics.client_options = options
             if self.coordination is not None:
                 self.coordination.client_options = options
+            self.quota_admin.client_options = options
         except TlsFileError as exc:
             raise StartupError(str(exc)) from None
         for kind in self.kinds:
@@ -241,6 +253,7 @@ class Proxy:
                 self._spawn(watch)
         if self.storage is not None:
             self._spawn(self.storage.run())
+        self._spawn(self.quota_admin.prepare())
         if self.coordination is not None:
             loop = asyncio.get_running_loop()
             self._coordinating.append(loop.create_task(self._coordinate(self.coordination)))
@@ -368,7 +381,8 @@ class Proxy:
                    if name != "quotas" and getattr(new, name) != getattr(self.config, name)]
         changed = new.quotas != self.config.quotas
         if changed:
-            self.quotas.update(new.quotas.settings())
+            overrides = self.quota_admin.overrides
+            self.quotas.update(new.quotas.with_overrides(overrides).settings())
         self.config = self.config.model_copy(update={"quotas": new.quotas})
         if changed:
             self._write_quota_config()
@@ -377,13 +391,22 @@ class Proxy:
                  quota_entities=len(new.quotas.entities),
                  **({"restart_needed_for": ignored} if ignored else {}))
 
+    def _overrides_changed(self) -> None:
+        """Quotas altered (through this proxy or another): the YAML's with them over it."""
+        self.quotas.update(self.config.quotas.with_overrides(self.quota_admin.overrides)
+                           .settings())
+        self._write_quota_config()
+        log.info("quota_overrides_applied",
+                 overrides=sum(len(v) for v in self.quota_admin.overrides.values()),
+                 quota_generation=self.quotas.generation)
+
     # ------------------------------------------------------------------ capture
     def _write_quota_config(self) -> None:
         """Next to the capture: the quota config of each generation, so a replay can use the
         configuration that was live when each request was recorded."""
         if self.capture is None:
             return
-        q = self.config.quotas
+        q = self.config.quotas.with_overrides(self.quota_admin.overrides)
         doc = {
             "run": self.capture.run,
             "quota_generation": self.quotas.generation,
@@ -543,6 +566,7 @@ class Proxy:
         await asyncio.gather(*self._coordinating, return_exceptions=True)
         if self.coordination is not None:
             await self.coordination.stop()
+        await self.quota_admin.stop()
         if self.capture is not None:
             capture, self.capture = self.capture, None
             await asyncio.get_running_loop().run_in_executor(None, capture.close)

@@ -80,6 +80,13 @@ class FilterHost(Protocol):
     def resume_interception(self) -> None:
         """The intercepting filter has bytes to go on with (soon, not from inside a hook)."""
 
+    def hold_responses(self, reason: str) -> None:
+        """Read no more from the broker until ``release_responses(reason)``: the responses
+        wait, in order (an answer the proxy is still making)."""
+
+    def release_responses(self, reason: str) -> None:
+        """Lift ``hold_responses(reason)``."""
+
 
 def propose_throttle(entry: InFlight, throttle_ms: int, by: Any) -> None:
     """A filter's throttle for this response: the largest proposed wins (the first of equals)."""

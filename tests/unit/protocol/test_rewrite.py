@@ -13,6 +13,7 @@ from kio.schema.errors import ErrorCode
 
 from protocol import apis
 from protocol._api_table import API_TABLE
+from protocol.apis import ANSWERED_BY_PROXY
 from protocol.correlation import CorrelationTable, InFlight
 from protocol.errors import MalformedFrame, ProtocolError
 from protocol.headers import encode_response_header
@@ -355,13 +356,22 @@ def api_version_entries(draw: Any, entry_cls: type) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def expected_api_keys(entries: tuple[Any, ...]) -> tuple[Any, ...]:
+def expected_api_keys(entries: tuple[Any, ...], entry: Any) -> tuple[Any, ...]:
+    """The broker's entries as the proxy offers them, then the APIs the proxy answers itself
+    (whatever the broker said of them)."""
     out = []
     for e in entries:
+        if e.api_key in ANSWERED_BY_PROXY:
+            continue
         offered = policy(e.api_key, e.min_version, e.max_version)
         if offered is not None:
             out.append(dataclasses.replace(e, min_version=offered[0], max_version=offered[1]))
+    out += [entry(api_key=k, min_version=lo, max_version=hi)
+            for k, (lo, hi) in ANSWERED_BY_PROXY.items()]
     return tuple(out)
+
+
+ANSWERED = [(48, 0, 1), (49, 0, 1)]
 
 
 @pytest.mark.parametrize("version", versions(API_VERSIONS))
@@ -378,7 +388,8 @@ def test_api_versions(version: int, data: Any):
     assert result is not None  # the body is always rebuilt
     assert result.startswith(head)
     decoded = kio_decode(cls, result[len(head) :])
-    assert decoded == dataclasses.replace(value, api_keys=expected_api_keys(entries))
+    assert decoded == dataclasses.replace(value, api_keys=expected_api_keys(
+        entries, nested_class(API_VERSIONS, version, "ApiVersion")))
 
 
 @pytest.mark.parametrize("request_version", [1, 2, 3, 4, 5])
@@ -401,6 +412,8 @@ def test_api_versions_unsupported_version_answered_as_v0(request_version: int):
     assert decoded.api_keys == (
         entry(api_key=API_VERSIONS, min_version=0, max_version=3),
         entry(api_key=METADATA, min_version=0, max_version=API_TABLE[METADATA][2]),
+        entry(api_key=48, min_version=0, max_version=1),
+        entry(api_key=49, min_version=0, max_version=1),
     )
 
 
@@ -434,6 +447,7 @@ def test_api_versions_examples():
         (DESCRIBE_CLUSTER, 0, API_TABLE[DESCRIBE_CLUSTER][2]),
         (SHARE_FETCH, 1, API_TABLE[SHARE_FETCH][2]),
         (SHARE_ACKNOWLEDGE, 1, 1),
+        *ANSWERED,  # answered by the proxy itself, which the broker did not offer
     ]
     assert decoded.throttle_time == ms(17)
     assert decoded.finalized_features_epoch == 12
@@ -446,7 +460,8 @@ def test_api_versions_sasl_handshake_v0_only_is_hidden():
                 api_keys=(entry(api_key=SASL_HANDSHAKE, min_version=0, max_version=0),))
     result, _addresses, head = rewrite(API_VERSIONS, 0, kio_encode(value))
     assert result is not None
-    assert kio_decode(cls, result[len(head) :]).api_keys == ()
+    assert [(e.api_key, e.min_version, e.max_version)
+            for e in kio_decode(cls, result[len(head) :]).api_keys] == ANSWERED
 
 
 def test_api_versions_entry_tags_and_trailing_fields_preserved_raw():
@@ -467,9 +482,11 @@ def test_api_versions_entry_tags_and_trailing_fields_preserved_raw():
     assert result is not None
     assert result[len(head) :] == (
         struct.pack(">h", 0)
-        + bytes([3])
+        + bytes([5])
         + entry(METADATA, 0, API_TABLE[METADATA][2], [(7, b"m")])
         + entry(9, 1, 8, [(2, b"kept")])
+        + entry(48, 0, 1, [])
+        + entry(49, 0, 1, [])
         + trailing
     )
 

@@ -1,0 +1,167 @@
+"""The frames of Kafka's client quota admin APIs (KIP-546), which the proxy answers itself:
+DescribeClientQuotas (48) and AlterClientQuotas (49), v0 and v1 (flexible).
+
+A request the proxy answers still takes its place on the connection's upstream: its frame is
+replaced by a ``filler`` of the same size, an ApiVersions v3 request with the same correlation
+id, whose response the broker sends in order with the others; that response is then replaced
+by the proxy's answer. So answers keep Kafka's order of responses on a connection, and the
+frame never reaches the broker (which would enforce the quotas a second time, or not know the
+API at all).
+
+Frames are whole, without their size prefix, header included. Anything that does not decode
+raises ``MalformedFrame``.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from kio.index import load_request_schema, load_response_schema
+from kio.serial import entity_reader, entity_writer
+
+from protocol import apis
+from protocol.errors import MalformedFrame
+from protocol.headers import encode_response_header, parse_request_header
+from protocol.primitives import write_uvarint
+
+DESCRIBE_CLIENT_QUOTAS = 48
+ALTER_CLIENT_QUOTAS = 49
+API_VERSIONS = 18
+ANSWERED_VERSIONS = (0, 1)  # what the proxy advertises and answers
+FILLER_VERSION = 3  # ApiVersions v3: request header v2, a body of two compact strings
+
+Component = tuple[str, str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeRequest:
+    components: tuple[tuple[str, int, str | None], ...]  # (entity type, match type, match)
+    strict: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AlterOp:
+    key: str
+    value: float
+    remove: bool
+
+
+@dataclass(frozen=True, slots=True)
+class AlterRequest:
+    entries: tuple[tuple[tuple[Component, ...], tuple[AlterOp, ...]], ...]
+    validate_only: bool
+
+
+@cache
+def _reader(api_key: int, version: int) -> Any:
+    return entity_reader(load_request_schema(api_key, version))
+
+
+def _body(frame: bytes | memoryview, api_key: int, version: int) -> Any:
+    try:
+        header = parse_request_header(frame, 0, len(frame))
+        value, _ = _reader(api_key, version)(memoryview(frame)[header.size:], 0)
+    except Exception as exc:  # kio raises KeyError, ValueError, DecodeError...
+        raise MalformedFrame(
+            f"{apis.api_name(api_key)} v{version} request does not decode: {exc!r}") from None
+    return value
+
+
+def decode_describe(frame: bytes | memoryview, version: int) -> DescribeRequest:
+    body = _body(frame, DESCRIBE_CLIENT_QUOTAS, version)
+    return DescribeRequest(
+        tuple((str(c.entity_type), int(c.match_type), c.match) for c in body.components),
+        bool(body.strict))
+
+
+def decode_alter(frame: bytes | memoryview, version: int) -> AlterRequest:
+    body = _body(frame, ALTER_CLIENT_QUOTAS, version)
+    return AlterRequest(
+        tuple((tuple((str(e.entity_type), e.entity_name) for e in entry.entity),
+               tuple(AlterOp(str(op.key), float(op.value), bool(op.remove))
+                     for op in entry.ops))
+              for entry in body.entries),
+        bool(body.validate_only))
+
+
+def _encode(api_key: int, version: int, correlation_id: int, value: Any) -> bytes:
+    """A whole response frame without its size prefix."""
+    buf = io.BytesIO()
+    entity_writer(type(value))(buf, value)
+    return (encode_response_header(correlation_id, apis.response_header_version(api_key, version))
+            + buf.getvalue())
+
+
+def describe_response(version: int, correlation_id: int, throttle_ms: int, error_code: int,
+                      error_message: str | None,
+                      entries: Sequence[tuple[Sequence[Component], Sequence[tuple[str, float]]]]
+                      | None) -> bytes:
+    """A DescribeClientQuotas response (``entries`` None on an error, as Kafka sends it)."""
+    import datetime
+
+    from kio.schema.errors import ErrorCode
+
+    cls: Any = load_response_schema(DESCRIBE_CLIENT_QUOTAS, version)
+    mod = __import__(cls.__module__, fromlist=["EntryData", "EntityData", "ValueData"])
+    value = cls(
+        throttle_time=datetime.timedelta(milliseconds=throttle_ms),
+        error_code=ErrorCode(error_code), error_message=error_message,
+        entries=None if entries is None else tuple(
+            mod.EntryData(
+                entity=tuple(mod.EntityData(entity_type=t, entity_name=n) for t, n in entity),
+                values=tuple(mod.ValueData(key=k, value=float(v)) for k, v in values))
+            for entity, values in entries))
+    return _encode(DESCRIBE_CLIENT_QUOTAS, version, correlation_id, value)
+
+
+def alter_response(version: int, correlation_id: int, throttle_ms: int,
+                   results: Sequence[tuple[Sequence[Component], int, str | None]]) -> bytes:
+    """An AlterClientQuotas response: per entity, its error code and message."""
+    import datetime
+
+    from kio.schema.errors import ErrorCode
+
+    cls: Any = load_response_schema(ALTER_CLIENT_QUOTAS, version)
+    mod = __import__(cls.__module__, fromlist=["EntryData", "EntityData"])
+    value = cls(
+        throttle_time=datetime.timedelta(milliseconds=throttle_ms),
+        entries=tuple(
+            mod.EntryData(error_code=ErrorCode(code), error_message=message,
+                          entity=tuple(mod.EntityData(entity_type=t, entity_name=n)
+                                       for t, n in entity))
+            for entity, code, message in results))
+    return _encode(ALTER_CLIENT_QUOTAS, version, correlation_id, value)
+
+
+def _uvarint_size(value: int) -> int:
+    return len(write_uvarint(value))
+
+
+def filler(frame: bytes | memoryview) -> bytes:
+    """An ApiVersions v3 request of exactly ``len(frame)`` bytes, with ``frame``'s correlation
+    id and client id: it holds a request's place upstream (see the module docstring). Its
+    client_software_name and _version are sized to fill (letters and digits, as Kafka's
+    ApiVersionsRequest.isValid wants, except at the smallest sizes, where they are empty and
+    the broker answers INVALID_REQUEST: the answer is discarded either way)."""
+    header = parse_request_header(frame, 0, len(frame))
+    client_id = header.client_id
+    cid = b"\xff\xff" if client_id is None else (
+        struct.pack(">h", len(client_id.encode())) + client_id.encode())
+    head = (struct.pack(">hhi", API_VERSIONS, FILLER_VERSION, header.correlation_id) + cid
+            + b"\x00")  # request header v2: no tagged fields
+    room = len(frame) - len(head) - 1  # the body's own tagged fields: one byte
+    for version_len in (1, 0, 2, 3):
+        for prefix in (1, 2, 3, 4):
+            name_len = room - (1 + version_len) - prefix
+            if name_len >= (1 if version_len else 0) and _uvarint_size(name_len + 1) == prefix:
+                body = (write_uvarint(name_len + 1) + b"k" * name_len
+                        + write_uvarint(version_len + 1) + b"0" * version_len + b"\x00")
+                out = head + body
+                assert len(out) == len(frame)
+                return out
+    raise MalformedFrame(f"a request of {len(frame)} bytes has no ApiVersions filler")

@@ -1,0 +1,202 @@
+"""Client quotas managed through the proxy with Kafka's own admin APIs (KIP-546, issue 17):
+kafka-python's DescribeClientQuotas / AlterClientQuotas requests (negotiated by ApiVersions,
+which the proxy extends: tansu offers neither) answered by two proxy instances in front of one
+tansu. An alter through instance a is enforced by instance b within a second or two (the
+overrides topic); a live librdkafka producer's rate follows it; b, which lists no admin,
+refuses alters; a restarted b comes back with the overrides."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from confluent_kafka import Producer
+
+from demo.embedded_broker import TansuBroker
+from tests.support.e2e import ProxyProcess, new_topic, wait_for
+from tests.support.rates import Cycles
+
+pytestmark = pytest.mark.e2e
+
+QUOTA = 1_000_000
+CYCLES_FROM_S = 5.0
+RUN_AFTER_ALTER_S = 37.0
+APP = (("client-id", "app"),)
+
+
+def _instance(tansu: TansuBroker, admins: str) -> ProxyProcess:
+    return ProxyProcess(tansu.bootstrap, extra_yaml=f"""quotas:
+  window: {{samples: 11, size_seconds: 1}}
+  admin_principals: {admins}
+  describe_principals: [ANONYMOUS]
+  entities:
+    - {{user: alice, producer_byte_rate: 2000000}}
+    - {{client-id: app, producer_byte_rate: {QUOTA // 2}}}
+""")
+
+
+class Admin:
+    """kafka-python's client sending the two requests (its KafkaAdminClient has no quota
+    calls; its protocol classes have them)."""
+
+    def __init__(self, bootstrap: str) -> None:
+        from kafka.admin import KafkaAdminClient
+
+        self.client = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="quota-admin")
+
+    def _send(self, request: Any) -> Any:
+        manager = self.client._manager
+
+        async def go() -> Any:
+            return await manager.send(request)
+
+        return manager.run(go)
+
+    def describe(self, components: list[tuple[str, int, str | None]], strict: bool = False
+                 ) -> Any:
+        from kafka.protocol.admin.client_quotas import DescribeClientQuotasRequest as D
+
+        return self._send(D(components=[D.ComponentData(entity_type=t, match_type=m, match=n)
+                                        for t, m, n in components], strict=strict))
+
+    def alter(self, entries: list[tuple[tuple[tuple[str, str | None], ...],
+                                        list[tuple[str, float, bool]]]],
+              validate_only: bool = False) -> list[tuple[int, str | None]]:
+        from kafka.protocol.admin.client_quotas import AlterClientQuotasRequest as A
+
+        response = self._send(A(entries=[
+            A.EntryData(entity=[A.EntryData.EntityData(entity_type=t, entity_name=n)
+                                for t, n in entity],
+                        ops=[A.EntryData.OpData(key=k, value=v, remove=r) for k, v, r in ops])
+            for entity, ops in entries], validate_only=validate_only))
+        return [(e.error_code, e.error_message) for e in response.entries]
+
+    def quotas(self) -> dict[tuple[tuple[str, str | None], ...], dict[str, float]]:
+        response = self.describe([])
+        assert response.error_code == 0, response
+        return {tuple((c.entity_type, c.entity_name) for c in e.entity):
+                {v.key: v.value for v in e.values} for e in response.entries}
+
+    def close(self) -> None:
+        self.client.close()
+
+
+@pytest.fixture
+def instances(tansu: TansuBroker) -> Iterator[tuple[ProxyProcess, ProxyProcess]]:
+    a = _instance(tansu, "[ANONYMOUS]").start()
+    b = _instance(tansu, "[]").start()
+    try:
+        for proxy in (a, b):
+            proxy.wait_broker_listener(111)
+        yield a, b
+    finally:
+        a.stop()
+        b.stop()
+
+
+def _produce(bootstrap: str, topic: str, stop: threading.Event,
+             delivered: list[tuple[float, int]], throttles: list[int]) -> None:
+    import json
+
+    def stats(text: str) -> None:
+        for broker in json.loads(text).get("brokers", {}).values():
+            throttles.append(int(broker.get("throttle", {}).get("max", 0)))
+
+    # 64 KB batches, as tests/e2e/test_quotas.py measures rates (each request a small part of
+    # a second's quota)
+    producer = Producer({"bootstrap.servers": bootstrap, "client.id": "app", "acks": "1",
+                         "linger.ms": 5, "batch.size": 65536,
+                         "statistics.interval.ms": 1000, "stats_cb": stats,
+                         "queue.buffering.max.kbytes": 2048})
+
+    def done(err: object, msg: Any) -> None:
+        if err is None:
+            delivered.append((time.monotonic(), len(msg.value())))
+
+    while not stop.is_set():
+        try:
+            producer.produce(topic, value=b"q" * 1000, on_delivery=done)
+        except BufferError:
+            producer.poll(0.01)
+        producer.poll(0)
+    producer.purge(in_queue=True, in_flight=False)
+    producer.flush(30)
+
+
+def test_quotas_altered_through_one_instance_hold_on_every_instance(
+        tansu: TansuBroker, instances: tuple[ProxyProcess, ProxyProcess]) -> None:
+    a, b = instances
+    admin_a, admin_b = Admin(a.bootstrap), Admin(b.bootstrap)
+    try:
+        # The YAML's entities, described through either instance.
+        yaml_view = {(("user", "alice"),): {"producer_byte_rate": 2_000_000.0},
+                     APP: {"producer_byte_rate": QUOTA // 2}}
+        assert admin_a.quotas() == admin_b.quotas() == yaml_view
+        # Kafka's validation, answered by the proxy (the broker never sees these requests).
+        assert admin_a.alter([((("user", ""),), [("producer_byte_rate", 1.0, False)])]) == [
+            (42, "Empty user not supported")]
+        bad = admin_a.describe([("user", 0, None)])
+        assert (bad.error_code, bad.error_message) == (
+            42, "Request specified MATCH_TYPE_EXACT, but set match string to null.")
+        assert admin_a.alter([(APP, [("producer_byte_rate", QUOTA, False)])],
+                             validate_only=True) == [(0, None)]
+        assert admin_a.quotas() == yaml_view
+        # b lists no admin principal: alters are refused there, per entry.
+        assert admin_b.alter([(APP, [("producer_byte_rate", QUOTA, False)])]) == [
+            (31, "Cluster authorization failed.")]
+
+        # A producer of client-id app through b, held to the YAML's quota ...
+        topic = new_topic(tansu.bootstrap, "admin")
+        stop = threading.Event()
+        delivered: list[tuple[float, int]] = []
+        throttles: list[int] = []
+        producer = threading.Thread(target=_produce,
+                                    args=(b.bootstrap, topic, stop, delivered, throttles))
+        producer.start()
+        try:
+            wait_for(lambda: max(throttles, default=0) > 0, 30, what="the YAML's quota")
+            # ... then twice that quota, altered through a: the override over the YAML's.
+            altered = time.monotonic()
+            assert admin_a.alter([(APP, [("producer_byte_rate", QUOTA, False)])]) == [(0, None)]
+            wait_for(lambda: admin_b.quotas().get(APP) == {"producer_byte_rate": QUOTA}, 5,
+                     interval=0.02, what="b applying the alter made through a")
+            seen = time.monotonic() - altered
+            print(f"alter through a described by b after {seen:.3f} s")
+            assert seen < 2.0
+            wait_for(lambda: time.monotonic() > altered + RUN_AFTER_ALTER_S, 60,
+                     interval=0.2, what="the quota's throttle cycles")
+        finally:
+            stop.set()
+            producer.join(60)
+        events = [(t - altered, n) for t, n in delivered]
+        # over every whole throttle cycle from the first begun 5 s after the alter (the
+        # burst the padded first window gave first, and requests already in flight, before)
+        cycles = Cycles(sorted(events), QUOTA)
+        rate = cycles.whole(CYCLES_FROM_S)[0]
+        starts = [s for s in cycles.starts if s >= CYCLES_FROM_S]
+        print(f"client-id app after the alter: {rate:.3f} of its quota over the cycles begun "
+              f"at {starts} s after the alter")
+        assert len(starts) >= 2, cycles.starts
+        assert rate == pytest.approx(1.0, abs=0.05), rate
+        labels = 'broker="111",client_id="app",quota="produce",user=""'
+        assert b.metrics()[f"kafka_proxy_quota_entity_bytes_per_second_limit{{{labels}}}"] == QUOTA
+
+        # A restarted b comes back with the override (read from the topic).
+        b.stop()
+        b.start()
+        b.wait_broker_listener(111)
+        admin_b.close()
+        admin_b = Admin(b.bootstrap)
+        wait_for(lambda: admin_b.quotas().get(APP) == {"producer_byte_rate": QUOTA}, 10,
+                 what="the override after a restart")
+        # Removed through a: the YAML's quota again, everywhere.
+        assert admin_a.alter([(APP, [("producer_byte_rate", 0.0, True)])]) == [(0, None)]
+        wait_for(lambda: admin_b.quotas() == yaml_view, 5, interval=0.02,
+                 what="the removal on b")
+        assert a.metrics()['kafka_proxy_quota_alters_total{result="applied"}'] >= 2
+    finally:
+        admin_a.close()
+        admin_b.close()

@@ -1,0 +1,104 @@
+"""Requests the proxy answers itself (``Interest.ANSWERED``): read whole before any byte goes
+upstream, whatever reads they arrive in, and their response replaced by the proxy's answer."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from protocol.client_quota_frames import describe_response
+from protocol.correlation import CorrelationTable, InFlight
+from protocol.errors import FrameTooLarge
+from protocol.interests import Interest, InterestTable
+from protocol.request_stream import WHOLE_FRAME_MAX, RequestStream
+from protocol.rewrite import ResponseRewriter
+from tests.support.frames import request_frame, split
+
+
+def _stream() -> RequestStream:
+    return RequestStream(CorrelationTable(), capture=lambda e: e.api_key == 48,
+                         whole=lambda key, version: key == 48)
+
+
+def _feed(stream: RequestStream, chunks: list[bytes]) -> tuple[list[bytes], list[InFlight]]:
+    forwarded: list[bytes] = []
+    events: list[InFlight] = []
+    for chunk in chunks:
+        out, got = stream.feed(chunk)
+        if out:
+            forwarded.append(bytes(out))
+        events += got
+    return forwarded, events
+
+
+DESCRIBE = request_frame(48, 1, 5, "admin", b"\x01\x00\x00" + b"\x00" * 300)
+METADATA = request_frame(3, 12, 6, "admin", b"\x01\x00\x00")
+PRODUCE_LIKE = request_frame(18, 3, 7, "admin", b"\x01\x01\x00" + b"\x00" * 200)
+
+
+@given(cuts=st.lists(st.integers(min_value=0, max_value=len(DESCRIBE) * 3), max_size=30))
+def test_an_answered_request_goes_upstream_in_one_piece(cuts: list[int]) -> None:
+    data = PRODUCE_LIKE + DESCRIBE + METADATA
+    stream = _stream()
+    forwarded, events = _feed(stream, split(data, cuts))
+    assert b"".join(forwarded) == data  # nothing lost, nothing reordered
+    assert [e.api_key for e in events] == [18, 48, 3]
+    start = len(PRODUCE_LIKE)
+    # the describe frame is within one forwarded piece, and captured whole from it
+    offset = 0
+    for piece in forwarded:
+        if offset <= start < offset + len(piece):
+            assert start + len(DESCRIBE) <= offset + len(piece)
+        offset += len(piece)
+    assert [(e.api_key, frame) for e, frame in stream.captured] == [(48, DESCRIBE[4:])]
+
+
+def test_nothing_of_it_is_forwarded_until_it_is_whole() -> None:
+    stream = _stream()
+    forwarded, events = _feed(stream, [DESCRIBE[i:i + 1] for i in range(len(DESCRIBE) - 1)])
+    assert forwarded == [] and events == []
+    assert stream.mid_frame
+    out, got = stream.feed(DESCRIBE[-1:])
+    assert bytes(out) == DESCRIBE and [e.correlation_id for e in got] == [5]
+
+
+def test_other_requests_still_pass_cut_through() -> None:
+    stream = _stream()
+    out, events = stream.feed(PRODUCE_LIKE[:50])
+    assert bytes(out) == PRODUCE_LIKE[:50] and [e.api_key for e in events] == [18]
+
+
+def test_an_answered_request_over_the_bound_closes_the_connection() -> None:
+    frame = struct.pack(">i", WHOLE_FRAME_MAX + 1) + DESCRIBE[4:100]
+    with pytest.raises(FrameTooLarge, match="answers it itself"):
+        _stream().feed(frame)
+
+
+def test_answered_implies_the_request_and_the_response_whole() -> None:
+    table = InterestTable([lambda key, version: Interest.ANSWERED if key == 48 else
+                           Interest.NONE])
+    assert table.answered(48, 1) and not table.answered(49, 1)
+    assert table.request_frame(48, 0) and (48, 1) in table.response_frames
+    assert table.wants_answered and table.wants_request_frames
+
+
+class _NoAddresses:
+    def advertise(self, node_id: int, host: str, port: int, rack: str | None
+                  ) -> tuple[str, int]:
+        raise AssertionError("no address in an answer")
+
+
+def test_the_answer_replaces_the_brokers_response_with_the_throttle_set() -> None:
+    entry = InFlight(48, 1, 5, "admin", len(DESCRIBE), True)
+    entry.answer = describe_response(1, 5, 0, 0, None, [])
+    broker = struct.pack(">i", 5) + b"\x00\x00" + b"\x01" * 40  # the filler's ApiVersions
+    rewriter = ResponseRewriter(_NoAddresses())  # type: ignore[arg-type]
+    assert rewriter(entry, broker) == entry.answer
+    assert entry.response_size == len(entry.answer) + 4
+    entry.throttle_ms = 250
+    throttled = rewriter(entry, broker)
+    assert throttled is not None and throttled != entry.answer
+    assert describe_response(1, 5, 250, 0, None, []) == throttled
