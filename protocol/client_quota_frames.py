@@ -18,13 +18,13 @@ import io
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
-from kio.index import load_request_schema, load_response_schema
-from kio.serial import entity_reader, entity_writer
+from kio.index import load_response_schema
+from kio.serial import entity_writer
 
 from protocol import apis
+from protocol.decoded import request_body
 from protocol.errors import MalformedFrame
 from protocol.headers import encode_response_header, parse_request_header
 from protocol.primitives import write_uvarint
@@ -57,30 +57,15 @@ class AlterRequest:
     validate_only: bool
 
 
-@cache
-def _reader(api_key: int, version: int) -> Any:
-    return entity_reader(load_request_schema(api_key, version))
-
-
-def _body(frame: bytes | memoryview, api_key: int, version: int) -> Any:
-    try:
-        header = parse_request_header(frame, 0, len(frame))
-        value, _ = _reader(api_key, version)(memoryview(frame)[header.size:], 0)
-    except Exception as exc:  # kio raises KeyError, ValueError, DecodeError...
-        raise MalformedFrame(
-            f"{apis.api_name(api_key)} v{version} request does not decode: {exc!r}") from None
-    return value
-
-
 def decode_describe(frame: bytes | memoryview, version: int) -> DescribeRequest:
-    body = _body(frame, DESCRIBE_CLIENT_QUOTAS, version)
+    body = request_body(frame, DESCRIBE_CLIENT_QUOTAS, version)
     return DescribeRequest(
         tuple((str(c.entity_type), int(c.match_type), c.match) for c in body.components),
         bool(body.strict))
 
 
 def decode_alter(frame: bytes | memoryview, version: int) -> AlterRequest:
-    body = _body(frame, ALTER_CLIENT_QUOTAS, version)
+    body = request_body(frame, ALTER_CLIENT_QUOTAS, version)
     return AlterRequest(
         tuple((tuple((str(e.entity_type), e.entity_name) for e in entry.entity),
                tuple(AlterOp(str(op.key), float(op.value), bool(op.remove))

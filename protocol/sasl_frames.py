@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
-from kio.index import load_request_schema, load_response_schema
-from kio.serial import entity_reader, entity_writer
+from kio.index import load_response_schema
+from kio.serial import entity_writer
 
 from protocol import apis
-from protocol.errors import MalformedFrame
+from protocol.decoded import request_body, response_body
 from protocol.headers import (
     encode_response_header,
-    parse_request_header,
-    parse_response_header,
 )
 
 SASL_HANDSHAKE = 17
@@ -43,55 +40,24 @@ class AuthenticateResult:
     session_lifetime_ms: int  # KIP-368 (v1+): 0 when none
 
 
-@cache
-def _request_reader(api_key: int, version: int) -> Any:
-    return entity_reader(load_request_schema(api_key, version))
-
-
-@cache
-def _response_reader(api_key: int, version: int) -> Any:
-    return entity_reader(load_response_schema(api_key, version))
-
-
-def _request_body(frame: bytes | memoryview, api_key: int, version: int) -> Any:
-    try:
-        header = parse_request_header(frame, 0, len(frame))
-        value, _ = _request_reader(api_key, version)(memoryview(frame)[header.size:], 0)
-    except Exception as exc:  # kio raises KeyError, ValueError, DecodeError...
-        raise MalformedFrame(
-            f"{apis.api_name(api_key)} v{version} request does not decode: {exc!r}") from None
-    return value
-
-
-def _response_body(frame: bytes | memoryview, api_key: int, version: int) -> Any:
-    try:
-        hv = apis.response_header_version(api_key, version)
-        header = parse_response_header(frame, 0, len(frame), hv)
-        value, _ = _response_reader(api_key, version)(memoryview(frame)[header.size:], 0)
-    except Exception as exc:
-        raise MalformedFrame(
-            f"{apis.api_name(api_key)} v{version} response does not decode: {exc!r}") from None
-    return value
-
-
 def handshake_mechanism(frame: bytes | memoryview, version: int) -> str:
     """The mechanism of a SaslHandshake request."""
-    return str(_request_body(frame, SASL_HANDSHAKE, version).mechanism)
+    return str(request_body(frame, SASL_HANDSHAKE, version).mechanism)
 
 
 def handshake_error(frame: bytes | memoryview, version: int) -> int:
     """The error code of a SaslHandshake response."""
-    return int(_response_body(frame, SASL_HANDSHAKE, version).error_code)
+    return int(response_body(frame, SASL_HANDSHAKE, version).error_code)
 
 
 def authenticate_bytes(frame: bytes | memoryview, version: int) -> bytes:
     """The auth bytes of a SaslAuthenticate request."""
-    return bytes(_request_body(frame, SASL_AUTHENTICATE, version).auth_bytes)
+    return bytes(request_body(frame, SASL_AUTHENTICATE, version).auth_bytes)
 
 
 def authenticate_result(frame: bytes | memoryview, version: int) -> AuthenticateResult:
     """A SaslAuthenticate response."""
-    body = _response_body(frame, SASL_AUTHENTICATE, version)
+    body = response_body(frame, SASL_AUTHENTICATE, version)
     lifetime = getattr(body, "session_lifetime", None)  # a timedelta in kio (v1+)
     lifetime_ms = round(lifetime.total_seconds() * 1000) if lifetime is not None else 0
     return AuthenticateResult(int(body.error_code), body.error_message, bytes(body.auth_bytes),
