@@ -118,12 +118,14 @@ class Variant:
     compensate_lag: bool = False
     shares_from_reports: bool = False
     active_ms: int | None = None  # A+: how recent a peer's last record must be to count
+    scale_by_usage: bool = False  # A+s: a peer's unseen usage scaled by its usage over ours
 
 
 VARIANTS = {
     "none": Variant("none", coordinate=False),
     "A": Variant("A"),
     "A+": Variant("A+", compensate_lag=True),
+    "A+s": Variant("A+s", compensate_lag=True, scale_by_usage=True),
     "B": Variant("B", design=Design.DEMAND_SHARE),
     "B+": Variant("B+", design=Design.DEMAND_SHARE, shares_from_reports=True),
     # A+ as first built: a peer counts as active when it recorded within one sample window
@@ -170,6 +172,15 @@ def scenarios() -> dict[str, Scenario]:
                       pipeline=5, rtt_ms=20),
         "p4": Scenario("p4: 4 pipelined 64 KB / 4 procs", 4, spread(4, 4), app, 65536,
                        pipeline=5, rtt_ms=20),
+        # librdkafka's default batch.size (1,000,000): each request a second of quota, as
+        # bench/shared_budgets_bench.py --batch-bytes 1000000 (SO_REUSEPORT split 3 + 5)
+        "ref-m": Scenario("ref m: 8 pipelined 1 MB / 1 proc", 1, spread(8, 1), app,
+                          1_000_000, pipeline=5, rtt_ms=20),
+        "m": Scenario("m: 8 pipelined 1 MB / 2 procs 4 + 4", 2, spread(8, 2), app, 1_000_000,
+                      pipeline=5, rtt_ms=20),
+        "m35": Scenario("m35: 8 pipelined 1 MB / 3 + 5", 2,
+                        tuple(Conn("ANONYMOUS", "app", int(i >= 3)) for i in range(8)), app,
+                        1_000_000, pipeline=5, rtt_ms=20),
     }
 
 
@@ -193,7 +204,8 @@ def simulate(sc: Scenario, variant: Variant, report_ms: int, delay_ms: int,
     shared = [SharedBudgets(r, variant.design, compensate_lag=variant.compensate_lag,
                             active_ms=variant.active_ms,
                             shares_from_reports=variant.shares_from_reports,
-                            coordinate=variant.coordinate) for r in remotes]
+                            coordinate=variant.coordinate,
+                            scale_by_usage=variant.scale_by_usage) for r in remotes]
     managers = [SharedQuotaManager(settings, *s.hooks(BROKER)) for s in shared]
     for r in remotes:
         r.set_reading(sc.reading, 0)
@@ -360,17 +372,19 @@ def fmt(r: Result) -> str:
     return s
 
 
-MAIN = {"ref-a": ("none",), "a": ("none", "A", "A+", "B", "B+"),
-        "a4": ("none", "A", "A+", "B", "B+"),
-        "asym": ("none", "A", "A+", "B", "B+"),
-        "skew": ("none", "A", "A+", "B", "B+"),
-        "lone": ("none", "A+", "B+"),
-        "ref-b": ("none",), "b": ("none", "A", "A+", "B", "B+"),
-        "ref-b16": ("none",), "b16": ("none", "A", "A+", "B", "B+"),
-        "c-pause": ("none",), "c": ("none", "A", "A+", "B", "B+"),
+MAIN = {"ref-a": ("none",), "a": ("none", "A", "A+", "B", "B+", "A+s"),
+        "a4": ("none", "A", "A+", "B", "B+", "A+s"),
+        "asym": ("none", "A", "A+", "B", "B+", "A+s"),
+        "skew": ("none", "A", "A+", "B", "B+", "A+s"),
+        "lone": ("none", "A+", "A+s", "B+"),
+        "ref-b": ("none",), "b": ("none", "A", "A+", "B", "B+", "A+s"),
+        "ref-b16": ("none",), "b16": ("none", "A", "A+", "B", "B+", "A+s"),
+        "c-pause": ("none",), "c": ("none", "A", "A+", "B", "B+", "A+s"),
         "fallback": ("A+",),
-        "ref-p": ("none",), "p": ("none", "A+1s", "A+", "B+"),
-        "p4": ("none", "A+1s", "A+", "B+")}
+        "ref-p": ("none",), "p": ("none", "A+1s", "A+", "A+s", "B+"),
+        "p4": ("none", "A+1s", "A+", "A+s", "B+"),
+        "ref-m": ("none",), "m": ("none", "A+", "A+s", "B+"),
+        "m35": ("none", "A+", "A+s", "B+")}
 
 
 def main(argv: list[str] | None = None) -> int:

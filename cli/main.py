@@ -11,7 +11,7 @@ from typing import Any
 
 from config.errors import ConfigError
 from config.loading import load_agent_config, load_config, load_quotas_config
-from config.schema import QuotasConfig
+from config.schema import ProxyConfig, QuotasConfig
 from config.summary import summarize
 from proxy import __version__
 
@@ -122,11 +122,42 @@ def _cmd_quotas_resolve(args: argparse.Namespace) -> int:
 
     from cli.whatif import resolve_json
 
-    quotas = _load_quotas(args.config, quota_only=True)
+    if args.cluster:  # the quotas altered with AlterClientQuotas over the file's
+        try:
+            config = load_config(args.config)
+        except ConfigError as exc:
+            print(f"{args.config}: invalid configuration:", file=sys.stderr)
+            for line in exc.errors:
+                print(f"  {line}", file=sys.stderr)
+            return 1
+        overrides = _read_overrides(config)
+        if overrides is None:
+            return 1
+        quotas: QuotasConfig | None = config.quotas.with_overrides(overrides)
+    else:
+        quotas = _load_quotas(args.config, quota_only=True)
     if quotas is None:
         return 1
     print(json.dumps(resolve_json(quotas, args.user, args.client_id), indent=2))
     return 0
+
+
+def _read_overrides(config: ProxyConfig) -> dict[Any, dict[str, float]] | None:
+    """The overrides topic of ``config``'s cluster, or None after printing why not."""
+    from proxy.quota_admin import read_overrides
+    from proxy.tls import TlsFileError, kafka_client_options
+
+    try:
+        options = kafka_client_options(config.upstream)
+        return asyncio.run(read_overrides(
+            [str(b) for b in config.upstream.bootstrap_servers], config.quotas.overrides.topic,
+            options))
+    except (TlsFileError, OSError, TimeoutError) as exc:
+        print(f"cannot read the quota overrides from the cluster: {exc}", file=sys.stderr)
+        return None
+    except Exception as exc:  # aiokafka's errors
+        print(f"cannot read the quota overrides from the cluster: {exc!r}", file=sys.stderr)
+        return None
 
 
 def _cmd_quotas_simulate(args: argparse.Namespace) -> int:
@@ -287,6 +318,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, metavar="FILE", help=config_help)
     p.add_argument("--user", default="ANONYMOUS", help="principal name (default ANONYMOUS)")
     p.add_argument("--client-id", default="", dest="client_id")
+    p.add_argument("--cluster", action="store_true",
+                   help="also apply the quotas altered with AlterClientQuotas, read from the "
+                   "overrides topic of the configured cluster (needs a full proxy "
+                   "configuration)")
     p.set_defaults(func=_cmd_quotas_resolve)
     p = qsub.add_parser(
         "simulate", help="run JSON-lines events through the quota engine and print each "

@@ -202,3 +202,43 @@ class ClientQuotaAdmin:
         c.add_metric(["ok"], self.records_read)
         c.add_metric(["bad"], self.bad_records)
         yield c
+
+
+async def read_overrides(bootstrap: list[str], topic: str, client_options: dict[str, Any],
+                         timeout_s: float = 10.0) -> dict[Entity, dict[str, float]]:
+    """The overrides the topic holds now, read from its beginning to its end (``quotas
+    resolve --cluster``); no topic: none. Records that do not decode are skipped."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, client_id="kafka-quota-proxy-cli",
+                                enable_auto_commit=False, request_timeout_ms=int(timeout_s * 1000),
+                                **client_options)
+    overrides: dict[Entity, dict[str, float]] = {}
+    try:
+        await asyncio.wait_for(consumer.start(), timeout_s)
+        partitions = await asyncio.wait_for(consumer._client.fetch_all_metadata(), timeout_s)
+        if topic not in partitions.topics():
+            return overrides
+        assigned = [TopicPartition(topic, p) for p in partitions.partitions_for_topic(topic)]
+        consumer.assign(assigned)
+        await consumer.seek_to_beginning(*assigned)
+        ends = await consumer.end_offsets(assigned)
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            behind = [tp for tp, end in ends.items() if await consumer.position(tp) < end]
+            if not behind:
+                break
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"{topic} not read to its end within {timeout_s} s")
+            batches = await consumer.getmany(timeout_ms=200)
+            for records in batches.values():
+                for r in records:
+                    if r.key is None:
+                        continue
+                    try:
+                        overrides = apply(overrides, [decode_record(r.key, r.value)])
+                    except ValueError:
+                        continue
+    finally:
+        await stop_quietly(consumer)
+    return overrides

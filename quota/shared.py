@@ -394,6 +394,12 @@ class RemoteUsage:
     def active(self, key: BudgetKey, now_ms: int, active_ms: int) -> list[int]:
         """When the last reports were made of the other live processes that recorded into
         ``key`` within ``active_ms`` before their report."""
+        return [as_of for as_of, _ in self.active_usage(key, now_ms, active_ms)]
+
+    def active_usage(self, key: BudgetKey, now_ms: int, active_ms: int
+                     ) -> list[tuple[int, float]]:
+        """``active``, each with that process's usage of ``key`` in its report's samples
+        with an event within ``active_ms`` before the report."""
         users = self._index.get(key)
         if not users:
             return []
@@ -402,10 +408,22 @@ class RemoteUsage:
         got = []
         for process, samples in users.items():
             report = peers[process]
+            as_of = report.as_of_ms
             if (self._fresh(report, now_ms)
-                    and max(e for _, e, _ in samples) - expire >= report.as_of_ms - active_ms):
-                got.append(report.as_of_ms)
+                    and max(e for _, e, _ in samples) - expire >= as_of - active_ms):
+                got.append((as_of, sum(v for _, e, v in samples
+                                       if e - expire >= as_of - active_ms)))
         return got
+
+    def own_usage(self, key: BudgetKey, active_ms: int) -> float:
+        """This process's usage of ``key`` as its own last report, read back, gave it: in the
+        samples with an event within ``active_ms`` before that report (``active_usage``)."""
+        own = self._own
+        if own is None:
+            return 0.0
+        expire = self._expire
+        return sum(v for _, e, v in own.budgets.get(key, ())
+                   if e - expire >= own.as_of_ms - active_ms)
 
     def _demand(self, samples: Sequence[_Held], now_ms: int, horizon_ms: int | None
                 ) -> float:
@@ -472,6 +490,9 @@ class _Own:
     ticks: list[tuple[int, float]] = field(default_factory=list)  # (report time, total)
 
 
+SCALE_BOUND = 10.0  # ``scale_by_usage``: a peer counts 1/10 to 10 times this process
+
+
 class SharedBudgets:
     """The coordination one process applies to its budgets; ``hook(broker)`` is the
     ``BudgetHook`` of that broker's ``QuotaManager``. ``reported(now)`` is called each time
@@ -484,8 +505,13 @@ class SharedBudgets:
     def __init__(self, remote: RemoteUsage, design: Design = Design.GLOBAL_SUM, *,
                  compensate_lag: bool = True, active_ms: int | None = None,
                  floor: float = 0.05, demand_horizon_ms: int | None = None,
-                 shares_from_reports: bool = True, coordinate: bool = True) -> None:
+                 shares_from_reports: bool = True, coordinate: bool = True,
+                 scale_by_usage: bool = False) -> None:
         self.remote = remote
+        # A+: a peer's unseen usage is what this process did since the peer's report, times
+        # the peer's usage over this process's in their last reports (connections spread
+        # unevenly: 3 + 5)
+        self.scale_by_usage = scale_by_usage
         self.design = design
         self.compensate_lag = compensate_lag
         self.active_ms = remote.samples * remote.window_ms if active_ms is None else active_ms
@@ -587,19 +613,23 @@ class SharedBudgets:
 
     def _unseen(self, key: BudgetKey, now_ms: int) -> tuple[float, int]:
         """``unseen``, and how many other processes are active in ``key``."""
-        active = self.remote.active(key, now_ms, self.active_ms)
+        active = self.remote.active_usage(key, now_ms, self.active_ms)
         own = self._own.get(key)
         if own is None:
             return 0.0, len(active)
+        mine = self.remote.own_usage(key, self.active_ms) if self.scale_by_usage else 0.0
         got = 0.0
         ticks = own.ticks
-        for as_of in active:
+        for as_of, theirs in active:
             before = 0.0
             for t, total in ticks:
                 if t > as_of:
                     break
                 before = total
-            got += own.total - before
+            done = own.total - before
+            if mine > 0.0:  # scaled by how much the peer did against this process, lately
+                done *= min(max(theirs / mine, 1 / SCALE_BOUND), SCALE_BOUND)
+            got += done
         return got, len(active)
 
     def others_counted(self, key: BudgetKey, now_ms: int) -> float:

@@ -64,6 +64,8 @@ class QuotaAdminFilter(Filter):
         self._writes: set[asyncio.Task[None]] = set()
 
     def request_frame(self, entry: InFlight, frame: bytes, patchable: bool) -> bytes | None:
+        if entry.answer is not None or not self.interests(entry.api_key, entry.api_version):
+            return None  # a frame another filter asked for (fetch routing: Fetch)
         if not patchable:  # (never: these frames are read whole) it must not reach the broker
             self.host.close("answered_request_split", detail=apis.api_name(entry.api_key),
                             side="client")

@@ -250,3 +250,14 @@ def test_overrides_follow_the_topic() -> None:
     assert admin.bad_records == 1 and admin.records_read == 3
     merged = admin.config.with_overrides({ALICE: {"producer_byte_rate": 5000.0}})
     assert [(e.user, e.producer_byte_rate) for e in merged.entities] == [("alice", 5000)]
+
+
+def test_frames_other_filters_asked_for_are_left_alone() -> None:
+    """The chain's request_frame hooks see every frame captured whole, for any filter: a
+    Fetch captured for fetch routing is not this filter's."""
+    admin, _ = _admin()
+    host = Host("admin")
+    frame = request_frame(1, 15, 3, "consumer", b"\x00" * 60)[4:]
+    entry = InFlight(1, 15, 3, "consumer", len(frame) + 4, True)
+    assert QuotaAdminFilter(host, admin).request_frame(entry, frame, True) is None
+    assert entry.answer is None and host.closed == []
