@@ -59,19 +59,30 @@ class AlterRequest:
 
 def decode_describe(frame: bytes | memoryview, version: int) -> DescribeRequest:
     body = request_body(frame, DESCRIBE_CLIENT_QUOTAS, version)
-    return DescribeRequest(
-        tuple((str(c.entity_type), int(c.match_type), c.match) for c in body.components),
-        bool(body.strict))
+    try:
+        return DescribeRequest(
+            tuple((str(c.entity_type), int(c.match_type), c.match) for c in body.components),
+            bool(body.strict))
+    except (TypeError, ValueError, AttributeError) as exc:  # a null array kio let through
+        raise _malformed(DESCRIBE_CLIENT_QUOTAS, version, exc) from None
 
 
 def decode_alter(frame: bytes | memoryview, version: int) -> AlterRequest:
     body = request_body(frame, ALTER_CLIENT_QUOTAS, version)
-    return AlterRequest(
-        tuple((tuple((str(e.entity_type), e.entity_name) for e in entry.entity),
-               tuple(AlterOp(str(op.key), float(op.value), bool(op.remove))
-                     for op in entry.ops))
-              for entry in body.entries),
-        bool(body.validate_only))
+    try:
+        return AlterRequest(
+            tuple((tuple((str(e.entity_type), e.entity_name) for e in entry.entity),
+                   tuple(AlterOp(str(op.key), float(op.value), bool(op.remove))
+                         for op in entry.ops))
+                  for entry in body.entries),
+            bool(body.validate_only))
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise _malformed(ALTER_CLIENT_QUOTAS, version, exc) from None
+
+
+def _malformed(api_key: int, version: int, exc: Exception) -> MalformedFrame:
+    return MalformedFrame(f"{apis.api_name(api_key)} v{version} request does not decode: "
+                          f"{exc!r}")
 
 
 def _encode(api_key: int, version: int, correlation_id: int, value: Any) -> bytes:

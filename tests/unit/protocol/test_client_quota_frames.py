@@ -145,3 +145,12 @@ def test_filler_fills_any_size(size: int, client_id: str | None, correlation_id:
     # growing from one byte to two and three (127/128, 16383/16384)
     header = encode_request_header(DESCRIBE_CLIENT_QUOTAS, 1, correlation_id, client_id)
     _filler_checks(header + b"\x01\x00\x00" + b"\x00" * size)
+
+
+@pytest.mark.parametrize("api_key", [DESCRIBE_CLIENT_QUOTAS, ALTER_CLIENT_QUOTAS])
+def test_a_null_array_where_kafka_has_none_is_malformed(api_key: int) -> None:
+    # v0: a non-nullable array of length -1 (kio reads it as None; the fuzz drill found it)
+    frame = encode_request_header(api_key, 0, 1, "c") + b"\xff\xff\xff\xff\x00"
+    decode = decode_describe if api_key == DESCRIBE_CLIENT_QUOTAS else decode_alter
+    with pytest.raises(MalformedFrame, match="request does not decode"):
+        decode(frame, 0)
