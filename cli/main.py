@@ -6,14 +6,17 @@ import argparse
 import asyncio
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from config.errors import ConfigError
 from config.loading import load_agent_config, load_config, load_quotas_config
 from config.schema import ProxyConfig, QuotasConfig
 from config.summary import summarize
 from proxy import __version__
+
+T = TypeVar("T")
 
 
 def _event_loop_runner(coro: Any) -> int:
@@ -108,8 +111,16 @@ def _cmd_volume_agent(args: argparse.Namespace) -> int:
 def _load_quotas(path: str, *, quota_only: bool = False) -> QuotasConfig | None:
     """The ``quotas`` section of ``path``, or None after printing its errors. ``quota_only``:
     a file with nothing but ``quotas:`` is accepted too (the what-if tools)."""
+    if quota_only:
+        return _loaded(path, load_quotas_config)
+    config = _loaded(path, load_config)
+    return None if config is None else config.quotas
+
+
+def _loaded(path: str, load: Callable[[str], T]) -> T | None:
+    """``load(path)``, or None after printing its errors."""
     try:
-        return load_quotas_config(path) if quota_only else load_config(path).quotas
+        return load(path)
     except ConfigError as exc:
         print(f"{path}: invalid configuration:", file=sys.stderr)
         for line in exc.errors:
@@ -123,12 +134,8 @@ def _cmd_quotas_resolve(args: argparse.Namespace) -> int:
     from cli.whatif import resolve_json
 
     if args.cluster:  # the quotas altered with AlterClientQuotas over the file's
-        try:
-            config = load_config(args.config)
-        except ConfigError as exc:
-            print(f"{args.config}: invalid configuration:", file=sys.stderr)
-            for line in exc.errors:
-                print(f"  {line}", file=sys.stderr)
+        config = _loaded(args.config, load_config)
+        if config is None:
             return 1
         overrides = _read_overrides(config)
         if overrides is None:
