@@ -469,3 +469,20 @@ def test_the_fallback_divisor_is_the_most_processes_live_before_reports_stopped(
     remote.observe(report("d", 2, {}), 5000)
     remote.expire(5000)
     assert remote.fallback_processes == 2
+
+
+def test_scaled_by_usage_a_peer_is_taken_to_do_its_own_share_since_its_report() -> None:
+    """``scale_by_usage``: a peer whose reports show three times this process's usage (5
+    connections against 3, say) is taken to have done three times what this process did since
+    its report, not as much (bounded at ten times)."""
+    t = 20_000
+    remote = reading(now=t - 100)
+    remote.observe(report("me", 2, {KEY: ((3_000, 100, 200_000.0),)}), t)
+    remote.observe(report("b", 1, {KEY: ((3_000, 100, 600_000.0),)}), t)
+    remote.observe(report("c", 1, {KEY: ((3_000, 100, 5_000_000.0),)}), t)
+    scaled = SharedBudgets(remote, scale_by_usage=True)
+    plain = SharedBudgets(remote)
+    for shared in (scaled, plain):
+        SharedQuotaManager(SETTINGS, shared.hook(1)).record(P, "u", "app", 100_000, t + 10)
+    assert plain.unseen(KEY, t + 20) == 200_000  # b and c: as much as this process each
+    assert scaled.unseen(KEY, t + 20) == pytest.approx(300_000 + 1_000_000)  # 3x, and 10x
