@@ -10,7 +10,8 @@ from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 from config.schema import QuotaEntityConfig, QuotasConfig
-from quota.entities import ANONYMOUS, EntityKey, QuotaType
+from quota.client_quotas import CONTROLLER_MUTATION_RATE
+from quota.entities import ANONYMOUS, EntityKey, QuotaType, metric_tags, quota_limit, sharing
 from quota.manager import QuotaManager, QuotaSettings, percent_of_thread
 
 
@@ -31,6 +32,13 @@ def resolve_json(quotas: QuotasConfig, user: str, client_id: str) -> dict[str, A
             "shared_by": r.sharing,
         }
         limits[qt.value] = _number(r.limit)
+    rates = quotas.mutation_rates()  # KIP-599: per (user, client-id), the same precedence
+    tags, level = metric_tags(rates, user, client_id)
+    limit, entity = quota_limit(rates, tags) if level is not None else (None, None)
+    out[CONTROLLER_MUTATION_RATE] = {
+        "limit": _number(limit), "entity": entity.path if entity else None, "level": level,
+        "shared_by": sharing(tags)}
+    limits[CONTROLLER_MUTATION_RATE] = _number(limit)
     out["limits"] = limits
     return out
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import ipaddress
 
 from config.schema import ProxyConfig, QuotasConfig
-from quota.entities import EntityKey
+from quota.connection_rate import address_of
+from quota.entities import DEFAULT_NAME, EntityKey
 
 _WILDCARDS = {"", "0.0.0.0", "::", "*"}
 
@@ -64,7 +65,8 @@ def cross_checks(config: ProxyConfig) -> list[tuple[tuple[str | int, ...], str]]
 
 
 def quota_checks(quotas: QuotasConfig) -> list[tuple[tuple[str | int, ...], str]]:
-    """Checks across the ``quotas`` section: each entity is configured once."""
+    """Checks across the ``quotas`` section: each entity is configured once (an ip entity
+    once per address, however the address is written)."""
     problems: list[tuple[tuple[str | int, ...], str]] = []
     seen: dict[EntityKey, int] = {}
     for i, entity in enumerate(quotas.entities):
@@ -77,5 +79,13 @@ def quota_checks(quotas: QuotasConfig) -> list[tuple[tuple[str | int, ...], str]
                 )
             )
         seen.setdefault(key, i)
+    addresses: dict[object, int] = {}  # the same address however written (ip_address)
+    for i, ip in enumerate(quotas.ip_entities):
+        address = address_of(ip.ip) if ip.ip != DEFAULT_NAME else DEFAULT_NAME
+        if address in addresses:
+            problems.append((("quotas", "ip_entities", i, "ip"),
+                             f"ip {ip.ip} is already configured at quotas.ip_entities."
+                             f"{addresses[address]}"))
+        addresses.setdefault(address, i)
     return problems
 

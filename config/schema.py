@@ -24,7 +24,14 @@ from pydantic import (
 
 from config.security import ClientTlsConfig, ListenerSecurity, UpstreamSaslConfig
 from protocol.framing import DEFAULT_MAX_FRAME_BYTES
-from quota.client_quotas import Entity, entity_key, from_entity_key
+from quota.client_quotas import (
+    CONNECTION_CREATION_RATE,
+    CONTROLLER_MUTATION_RATE,
+    IP,
+    Entity,
+    entity_key,
+    from_entity_key,
+)
 from quota.entities import DEFAULT, DEFAULT_NAME, EntityKey, Name, QuotaType
 from quota.manager import QuotaSettings
 from quota.replay import settings_from_section
@@ -112,6 +119,11 @@ class ListenerKindConfig(_Model):
     security: ListenerSecurity = Field(
         default=ListenerSecurity(),
         description="TLS, principals and PROXY protocol of this kind's listeners.")
+    max_connection_creation_rate: int | None = Field(
+        default=None, gt=0, le=2147483647,
+        description="Kafka listener.name.<l>.max.connection.creation.rate: connections per "
+        "second each of this kind's listeners accepts; the excess is served late (KIP-612). "
+        "Default: no limit.")
 
     @field_validator("bootstrap", mode="before")
     @classmethod
@@ -244,14 +256,19 @@ class QuotaEntityConfig(_Model):
     producer_byte_rate: int | None = Field(default=None, gt=0)
     consumer_byte_rate: int | None = Field(default=None, gt=0)
     request_percentage: float | None = Field(default=None, gt=0)
+    controller_mutation_rate: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False,
+        description="Partitions created, added or deleted per second (KIP-599), counted by "
+        "Kafka's token bucket over quotas.controller_mutation_window.")
 
     @model_validator(mode="after")
     def _complete(self) -> QuotaEntityConfig:
         if self.user is None and self.client_id is None:
             raise ValueError("an entity names a user, a client-id, or both")
-        if not self.quotas():
+        if not self.quotas() and self.controller_mutation_rate is None:
             raise ValueError(
-                "set at least one of producer_byte_rate, consumer_byte_rate, request_percentage"
+                "set at least one of producer_byte_rate, consumer_byte_rate, "
+                "request_percentage, controller_mutation_rate"
             )
         return self
 
@@ -281,6 +298,9 @@ class RequestTimeConfig(_Model):
     )
 
 
+_DOUBLE_KEYS = frozenset({QuotaType.REQUEST.value, CONTROLLER_MUTATION_RATE})
+
+
 def _config_name(name: Name | None) -> str | None:
     return None if name is None else (name if isinstance(name, str) else DEFAULT_NAME)
 
@@ -288,6 +308,31 @@ def _config_name(name: Name | None) -> str | None:
 def _principal(name: str) -> str:
     """A principal as ``Client.user`` holds it: Kafka's ``User:`` prefix is optional."""
     return name[5:] if name.startswith("User:") else name
+
+
+class IpQuotaEntityConfig(_Model):
+    """An ``ip`` quota entity (KIP-612): a client address, or ``"<default>"`` for every address
+    without an entity of its own, and the connections per second it may open."""
+
+    ip: str = Field(description='An IPv4 or IPv6 address, or "<default>".')
+    connection_creation_rate: int = Field(
+        gt=0, le=2147483647,
+        description="New connections per second from the address, per listener scope "
+        "(bootstrap, each broker); 2147483647 is Kafka's default: no limit.")
+
+    @field_validator("ip")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        if value != DEFAULT_NAME:
+            try:
+                ipaddress.ip_address(value)
+            except ValueError:
+                raise ValueError(f'{value!r} is not an IP address (an IPv4 or IPv6 literal, '
+                                 'or "<default>"; host names are not resolved)') from None
+        return value
+
+    def entity(self) -> Entity:
+        return ((IP, None if self.ip == DEFAULT_NAME else self.ip),)
 
 
 class QuotaOverridesConfig(_Model):
@@ -304,6 +349,10 @@ class QuotaOverridesConfig(_Model):
 
 class QuotasConfig(_Model):
     window: QuotaWindowConfig = QuotaWindowConfig()
+    controller_mutation_window: QuotaWindowConfig = Field(
+        default=QuotaWindowConfig(),
+        description="Kafka's controller.quota.window.num and controller.quota.window.size.seconds: "
+        "the token bucket of controller_mutation_rate holds rate x samples x size_seconds.")
     request_time: RequestTimeConfig = RequestTimeConfig()
     cap_byte_rate_throttle: bool = Field(
         default=False,
@@ -311,6 +360,8 @@ class QuotasConfig(_Model):
         "(Kafka leaves them unbounded).",
     )
     entities: list[QuotaEntityConfig] = []
+    ip_entities: list[IpQuotaEntityConfig] = Field(
+        default=[], description="ip entities and their connection_creation_rate (KIP-612).")
     admin_principals: list[str] = Field(
         default=[], description="Principals that may alter and describe client quotas "
         "(AlterClientQuotas, DescribeClientQuotas); ``User:`` prefix optional.")
@@ -327,6 +378,16 @@ class QuotasConfig(_Model):
         description="How often the config file is checked for changes (0: only on SIGHUP).",
     )
 
+    @field_validator("entities", mode="before")
+    @classmethod
+    def _no_ip_entities(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            for i, e in enumerate(value):
+                if isinstance(e, dict) and "ip" in e:
+                    raise ValueError(f"quotas.entities.{i} names an ip: ip entities go in "
+                                     "quotas.ip_entities")
+        return value
+
     def may_alter(self, principal: str) -> bool:
         return principal in {_principal(p) for p in self.admin_principals}
 
@@ -340,29 +401,47 @@ class QuotasConfig(_Model):
         for e in self.entities:
             values = out.setdefault(from_entity_key(e.key()), {})
             values.update({qt.value: v for qt, v in e.quotas().items()})
+            if e.controller_mutation_rate is not None:
+                values[CONTROLLER_MUTATION_RATE] = e.controller_mutation_rate
+        for ip in self.ip_entities:
+            out.setdefault(ip.entity(), {})[CONNECTION_CREATION_RATE] = float(
+                ip.connection_creation_rate)
         return out
+
+    def mutation_rates(self) -> dict[EntityKey, float]:
+        """``controller_mutation_rate`` per entity (KIP-599), as the token buckets use them."""
+        return {e.key(): e.controller_mutation_rate for e in self.entities
+                if e.controller_mutation_rate is not None}
 
     def with_overrides(self, overrides: Mapping[Entity, Mapping[str, float]]) -> QuotasConfig:
         """These quotas with altered ones over ``entities`` (per entity and key), as
-        ``entities`` (the quotas this proxy knows: user and client-id byte rates and request
-        percentage; ``controller_mutation_rate`` is kept by the overrides, not applied)."""
+        ``entities`` (user and client-id entities: byte rates, request percentage and
+        controller mutation rate) and ``ip_entities`` (connection creation rate)."""
         if not overrides:
             return self
         merged = self.static_quotas()
         for entity, values in overrides.items():
             merged.setdefault(entity, {}).update(values)
         entities = []
-        known = {qt.value for qt in QuotaType}
+        ips = []
+        known = {qt.value for qt in QuotaType} | {CONTROLLER_MUTATION_RATE}
         for entity, values in sorted(merged.items(), key=lambda kv: repr(kv[0])):
             key = entity_key(entity)
+            if key is None:  # an ip entity (KIP-612)
+                rate = values.get(CONNECTION_CREATION_RATE)
+                address = entity[0][1]
+                if rate is not None:
+                    ips.append(IpQuotaEntityConfig(
+                        ip=DEFAULT_NAME if address is None else address,
+                        connection_creation_rate=int(rate)))
+                continue
             kept = {k: v for k, v in values.items() if k in known}
-            if key is None or not kept:
+            if not kept:
                 continue
             entities.append(QuotaEntityConfig.model_validate({
                 "user": _config_name(key.user), "client-id": _config_name(key.client_id),
-                **{k: (int(v) if k != QuotaType.REQUEST.value else v)
-                   for k, v in kept.items()}}))
-        return self.model_copy(update={"entities": entities})
+                **{k: (v if k in _DOUBLE_KEYS else int(v)) for k, v in kept.items()}}))
+        return self.model_copy(update={"entities": entities, "ip_entities": ips})
 
     def settings(self) -> QuotaSettings:
         """The same conversion the replay applies to the ``quotas-*.json`` next to a

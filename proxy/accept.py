@@ -1,6 +1,8 @@
 """Listeners whose connections go through steps before the proxied connection starts: a PROXY
 protocol header (``listeners.security.proxy_protocol``), then a TLS handshake
-(``listeners.security.tls``).
+(``listeners.security.tls``). The connection-creation rates (``proxy.connection_rate``) apply
+around the header: the listener's before it, the client address's (the header's source) after
+it, before the handshake: a throttled client costs no handshake.
 
 The header is read from the socket exactly (byte counts asked of the sans-IO parser) before
 the connection's transport exists, so nothing after it (a TLS ClientHello, a Kafka request) is
@@ -21,6 +23,7 @@ from collections.abc import Callable
 
 from protocol.errors import ProtocolError
 from protocol.proxy_header import ProxyHeader, ProxyHeaderParser
+from proxy.connection_rate import Admission, ConnectionRateGuard
 from proxy.logs import get_logger
 
 log = get_logger("kafka_quota_proxy.accept")
@@ -34,8 +37,15 @@ class SecuredServer:
 
     def __init__(self, sock: socket.socket, accept: str | None, tls: ssl.SSLContext | None,
                  make: Callable[[tuple[str, int] | None], asyncio.Protocol], timeout: float,
-                 refused: Callable[[str], None], listener: str) -> None:
+                 refused: Callable[[str], None], listener: str,
+                 rates: ConnectionRateGuard | None = None, kind: str | None = None,
+                 scope: int = 0) -> None:
+        """``rates``: the connection-creation rates, for connections of listener kind ``kind``
+        and quota scope ``scope``."""
         self.sock = sock
+        self.rates = rates
+        self.kind = kind
+        self.scope = scope
         self.accept = accept
         self.tls = tls
         self.make = make
@@ -63,17 +73,30 @@ class SecuredServer:
         loop = asyncio.get_running_loop()
         source: tuple[str, int] | None = None
         reason = detail = ""
+        rates = self.rates if self.rates is not None and self.rates.active else None
         try:
-            async with asyncio.timeout(self.timeout):
+            admission = None
+            if rates is not None:  # the listener's rate: wait while it is over (unread)
+                admission = Admission(self.listener, self.kind, self.scope)
+                await rates.wait_turn(admission)
+            deadline = loop.time() + self.timeout
+            async with asyncio.timeout_at(deadline):
                 if self.accept is not None:
                     header = await self._header(conn)
                     source = header.source
                     if source is not None:
                         addr = source
+            if (rates is not None and admission is not None
+                    and not rates.admitted(admission, addr[0], conn.close)):
+                return  # over its address's rate: held unread, closed when it has passed
+            async with asyncio.timeout_at(deadline):
                 await loop.connect_accepted_socket(
                     lambda: self.make(source), conn, ssl=self.tls,
                     ssl_handshake_timeout=self.timeout if self.tls is not None else None)
             return
+        except asyncio.CancelledError:  # the listener closed (shutdown)
+            conn.close()
+            raise
         except ProtocolError as exc:
             reason, detail = exc.reason, str(exc)
         except TimeoutError:

@@ -584,8 +584,9 @@ def patch_captured(requests: RequestStream, forward: Buffer | bytearray, events:
                    captured: list[tuple[InFlight, bytes]],
                    visit: Callable[[InFlight, bytes, bool], bytes | None]) -> Buffer | bytearray:
     """The requests captured whole on their way upstream, each given to ``visit(entry, frame,
-    patchable)``; a frame ``visit`` replaces (same size) is patched in ``forward`` when its
-    whole frame is there (``patchable``: else it goes as the client sent it)."""
+    patchable)``; a frame ``visit`` replaces is patched in ``forward`` when its whole frame is
+    there (``patchable``: else it goes as the client sent it). A replacement of another size
+    (a request forwarded without some of its topics) gets its own size prefix."""
     starts: dict[int, int] = {}
     if not (requests.mid_frame and not requests.buffered):
         # ``forward`` ends with the last frame read: the frames read now end to end
@@ -593,17 +594,23 @@ def patch_captured(requests: RequestStream, forward: Buffer | bytearray, events:
         for event in reversed(events):
             end -= event.request_size
             starts[id(event)] = end + 4
-    out: bytearray | None = None
+    patches: list[tuple[int, int, bytes]] = []
     offsets, requests.captured_at = requests.captured_at, {}
     for entry, frame in captured:
         at = offsets.get(id(entry), starts.get(id(entry), -1))
         whole = at >= 4 and forward[at : at + len(frame)] == frame
         patched = visit(entry, frame, whole)
         if patched is not None:
-            if out is None:
-                out = bytearray(forward)
-            out[at : at + len(patched)] = patched
-    return forward if out is None else out
+            patches.append((at, len(frame), patched))
+    if not patches:
+        return forward
+    out = bytearray(forward)
+    for at, length, patched in sorted(patches, reverse=True):  # the last first: offsets hold
+        if len(patched) == length:
+            out[at : at + length] = patched
+        else:
+            out[at - 4 : at + length] = len(patched).to_bytes(4, "big") + patched
+    return out
 
 
 class UpstreamSide(asyncio.Protocol):

@@ -27,6 +27,7 @@ from proxy.accept import SecuredServer
 from proxy.brokers import ListeningRewriter
 from proxy.cluster import OwnIdentity
 from proxy.connection import ProxiedConnection, TlsProxiedConnection
+from proxy.connection_rate import ConnectionRateGuard
 from proxy.context import ConnectionContext, ConnectionHost
 from proxy.filters.base import Filter, FilterFactory
 from proxy.filters.identity import SaslInspection, SaslSettings
@@ -57,6 +58,7 @@ class ListenerHost(ConnectionHost, Protocol):
     upstream_tls: Any  # ssl.SSLContext | None
     own_identity: OwnIdentity | None
     reuse_port: bool  # one of several worker processes sharing the listeners
+    connection_rates: ConnectionRateGuard  # KIP-612, checked at accept
 
     def feature_filters(self, scope: int) -> list[tuple[type[Filter], FilterFactory]]:
         """The shared features' filters for a listener of ``scope``, in chain order."""
@@ -245,10 +247,13 @@ class ListenerKind:
         try:
             sock = listen_socket(listen.host, listen.port, self.host.reuse_port)
             if self.secured:
-                server: Server = self._secured_server(name, sock, ctx, targets)
+                server: Server = self._secured_server(name, sock, ctx, targets, BOOTSTRAP_SCOPE)
             else:
                 server = await asyncio.get_running_loop().create_server(
-                    lambda: ProxiedConnection(ctx(), targets), sock=sock, backlog=1024)
+                    self.host.connection_rates.protocol_factory(
+                        name, self.name, BOOTSTRAP_SCOPE,
+                        lambda: ProxiedConnection(ctx(), targets)),
+                    sock=sock, backlog=1024)
         except OSError as exc:
             raise StartupError(f"cannot listen on {self.at}.bootstrap {listen}: "
                                f"{exc.strerror or exc}") from None
@@ -270,19 +275,21 @@ class ListenerKind:
 
         servers = self.host.servers
         if self.secured:
-            servers[name] = self._secured_server(name, sock, ctx, targets)
+            servers[name] = self._secured_server(name, sock, ctx, targets, node_id)
             return
+        factory = self.host.connection_rates.protocol_factory(
+            name, self.name, node_id, lambda: ProxiedConnection(ctx(), targets))
 
         async def serve() -> None:
             loop = asyncio.get_running_loop()
-            servers[name] = await loop.create_server(
-                lambda: ProxiedConnection(ctx(), targets), sock=sock, backlog=1024)
+            servers[name] = await loop.create_server(factory, sock=sock, backlog=1024)
 
         self.host.spawn(serve())
 
     def _secured_server(self, name: str, sock: socket.socket,
                         ctx: Callable[[], ConnectionContext],
-                        targets: Callable[[], list[tuple[str, int]]]) -> SecuredServer:
+                        targets: Callable[[], list[tuple[str, int]]],
+                        scope: int) -> SecuredServer:
         stats = self.host.stats
 
         def refused(reason: str) -> None:
@@ -294,7 +301,8 @@ class ListenerKind:
             sock, None if proxy_protocol == "none" else proxy_protocol,
             self.tls.front if self.tls is not None else None,
             lambda source: connection(ctx(), targets, source),
-            self.host.config.network.request_header_timeout_seconds, refused, name)
+            self.host.config.network.request_header_timeout_seconds, refused, name,
+            self.host.connection_rates, self.name, scope)
 
     def listening_on_all(self) -> bool:
         """Every known broker's listener of this kind is serving."""

@@ -29,9 +29,12 @@ from proxy.clock import now_ms
 from proxy.cluster import OwnIdentity, fetch_brokers
 from proxy.cluster_topics import TopicReader
 from proxy.connection import ProxiedConnection
+from proxy.connection_rate import ConnectionRateGuard, listeners_without_rates
+from proxy.controller_mutation import ControllerMutations
 from proxy.coordination import Coordination, own_process_id
 from proxy.filters.base import Filter, FilterFactory
 from proxy.filters.capture import CaptureFilter
+from proxy.filters.controller_mutation import ControllerMutationFilter
 from proxy.filters.fetch_routing import FetchRouting, FetchRoutingFilter
 from proxy.filters.quota_admin import QuotaAdminFilter
 from proxy.filters.quotas import QuotaFilter
@@ -98,10 +101,12 @@ class Proxy:
         self.main = self.kinds[0]
         self.registry = self.main.registry
         rewritten: dict[int, int] = {}
+        # controller mutation quotas (KIP-599), which learn topics' partitions from Metadata
+        self.mutations = ControllerMutations(config.quotas)
+        self.stats.feature_families.append(self.mutations.metric_families)
         for kind in self.kinds:
             kind.rewriter.rewritten = rewritten  # counted together
-            if self.routing.enabled:
-                kind.rewriter.on_metadata = self.routing.observe_metadata
+            kind.rewriter.on_metadata = self._observe_metadata
         self.stats.brokers_known = lambda: len(self.registry)
         self.stats.rewritten = rewritten
         self.stats.node_endpoints_dropped = lambda: sum(
@@ -150,6 +155,11 @@ class Proxy:
             lambda: self.config.quotas, [str(b) for b in config.upstream.bootstrap_servers],
             self._overrides_changed)
         self.stats.feature_families.append(self.quota_admin.metric_families)
+        # connection creation rates (KIP-612): per listener and per client address; held
+        # throttled connections count against max_connections (a file descriptor each)
+        self.connection_rates = ConnectionRateGuard(self.stats, room=self.admit_held)
+        self.connection_rates.configure(config.quotas, config.listeners.kinds())
+        self.stats.feature_families.append(self.connection_rates.metric_families)
         # one reader for the proxy's own topics (the volume, usage and quota-overrides topics)
         self.topics: TopicReader | None = None
         if (self.storage is not None or self.coordination is not None
@@ -165,12 +175,20 @@ class Proxy:
         self.own_identity: OwnIdentity | None = None  # toward brokers requiring SASL
 
     # ------------------------------------------------------------------ the request path
+    def _observe_metadata(self, response: Any) -> None:
+        """A decoded MetadataResponse on its way to a client."""
+        if self.routing.enabled:
+            self.routing.observe_metadata(response)
+        self.mutations.observe_metadata(response)
+
     def feature_filters(self, scope: int) -> list[tuple[type[Filter], FilterFactory]]:
         """The shared features' filters, in chain order: quotas, storage throttling, fetch
         routing (brokers' ports), capture (each kind puts its identity filter first)."""
         made: list[tuple[type[Filter], FilterFactory]] = [
             (QuotaFilter, partial(QuotaFilter, quotas=self.quotas, stats=self.stats)),
-            (QuotaAdminFilter, partial(QuotaAdminFilter, admin=self.quota_admin))]
+            (QuotaAdminFilter, partial(QuotaAdminFilter, admin=self.quota_admin)),
+            (ControllerMutationFilter,
+             partial(ControllerMutationFilter, mutations=self.mutations))]
         if self.storage is not None:
             made.append((StorageFilter, partial(StorageFilter, storage=self.storage)))
         if self.routing.enabled and scope != BOOTSTRAP_SCOPE:
@@ -331,6 +349,7 @@ class Proxy:
         while True:
             await asyncio.sleep(60)
             self.quotas.expire(now_ms())
+            self.connection_rates.expire()
 
     def _quota_entity_rows(self) -> list[EntityRow]:
         rows: list[EntityRow] = []
@@ -379,10 +398,16 @@ class Proxy:
     def _apply_reload(self, new: ProxyConfig) -> None:
         ignored = [name for name in ProxyConfig.model_fields
                    if name != "quotas" and getattr(new, name) != getattr(self.config, name)]
+        if "listeners" in ignored and (listeners_without_rates(new.listeners)
+                                       == listeners_without_rates(self.config.listeners)):
+            ignored.remove("listeners")  # only max_connection_creation_rate: applied live
+        self.connection_rates.configure(new.quotas.with_overrides(self.quota_admin.overrides),
+                                        new.listeners.kinds())
         changed = new.quotas != self.config.quotas
         if changed:
-            overrides = self.quota_admin.overrides
-            self.quotas.update(new.quotas.with_overrides(overrides).settings())
+            merged = new.quotas.with_overrides(self.quota_admin.overrides)
+            self.quotas.update(merged.settings())
+            self.mutations.configure(merged, now_ms())
         self.config = self.config.model_copy(update={"quotas": new.quotas})
         if changed:
             self._write_quota_config()
@@ -393,8 +418,10 @@ class Proxy:
 
     def _overrides_changed(self) -> None:
         """Quotas altered (through this proxy or another): the YAML's with them over it."""
-        self.quotas.update(self.config.quotas.with_overrides(self.quota_admin.overrides)
-                           .settings())
+        merged = self.config.quotas.with_overrides(self.quota_admin.overrides)
+        self.quotas.update(merged.settings())
+        self.connection_rates.configure(merged)
+        self.mutations.configure(merged, now_ms())
         self._write_quota_config()
         log.info("quota_overrides_applied",
                  overrides=sum(len(v) for v in self.quota_admin.overrides.values()),
@@ -459,7 +486,7 @@ class Proxy:
         """Whether a client that just connected may stay: past ``max_connections`` it is
         refused at once (closed, logged at most once a second with the count, counted), so
         that file descriptors remain for upstream connections and the metrics endpoint."""
-        if len(self.connections) < self.max_connections:
+        if len(self.connections) + self.connection_rates.held < self.max_connections:
             return True
         self.stats.refused["max_connections"] += 1
         self._refused_since_log += 1
@@ -468,6 +495,11 @@ class Proxy:
         elif self._refused_flush is None:  # the rest of a burst is logged a second later
             self._refused_flush = asyncio.get_running_loop().call_later(1.0, self._log_refused)
         return False
+
+    def admit_held(self) -> bool:
+        """Whether a connection over its address's connection rate may be held open (else it
+        is closed at once): held ones count against ``max_connections``."""
+        return len(self.connections) + self.connection_rates.held < self.max_connections
 
     def _log_refused(self) -> None:
         if self._refused_flush is not None:
@@ -541,6 +573,7 @@ class Proxy:
         log.info("proxy_stopping", connections=len(self.connections))
         for server in self.servers.values():
             server.close()
+        self.connection_rates.close_all()
         if self._metrics_server is not None:
             self._metrics_server.close()
         for task in list(self._tasks):

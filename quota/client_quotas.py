@@ -19,7 +19,7 @@ printed in a message are Kafka's.
 
 Differences from Kafka, on purpose:
 
-- IP entities (``ip=True``) must name a literal IPv4 or IPv6 address. Kafka's
+- IP entities must name a literal IPv4 or IPv6 address. Kafka's
   ``InetAddress.getByName`` also accepts a host name and resolves it; this module does no I/O.
   The message is Kafka's: ``<name> is not a valid IP or resolvable host.``
 - A value Kafka accepts but that is not a finite number (NaN for any key, +infinity for a
@@ -125,16 +125,14 @@ def _sort_key(entity: Entity) -> tuple[tuple[str, bool, str], ...]:
     return tuple((t, n is not None, n or "") for t, n in entity)
 
 
-def _known_types(ip: bool) -> frozenset[str]:
-    return frozenset((USER, CLIENT_ID, IP) if ip else (USER, CLIENT_ID))
+_KNOWN_TYPES: Final = frozenset((USER, CLIENT_ID, IP))
 
 
-def describe(quotas: Quotas, components: Sequence[FilterComponent], strict: bool, *,
-             ip: bool = False) -> list[tuple[Entity, dict[str, float]]]:
+def describe(quotas: Quotas, components: Sequence[FilterComponent], strict: bool
+             ) -> list[tuple[Entity, dict[str, float]]]:
     """The entities matching the filter and their quotas, sorted by entity, as
     ``ClientQuotasImage.describe``. Raises ``ClientQuotaError`` (INVALID_REQUEST, or
     UNSUPPORTED_VERSION for an unknown entity type) on an invalid filter."""
-    known = _known_types(ip)
     exact: dict[str, str | None] = {}
     specified: set[str] = set()
     for c in components:
@@ -144,7 +142,7 @@ def describe(quotas: Quotas, components: Sequence[FilterComponent], strict: bool
         if t in exact or t in specified:
             raise ClientQuotaError(
                 INVALID_REQUEST, f"Entity type {t} cannot appear more than once in the filter.")
-        if t not in known:
+        if t not in _KNOWN_TYPES:
             raise ClientQuotaError(UNSUPPORTED_VERSION, f"Unsupported entity type {t}")
         if c.match_type == MATCH_EXACT:
             if c.match is None:
@@ -182,7 +180,7 @@ def describe(quotas: Quotas, components: Sequence[FilterComponent], strict: bool
     return found
 
 
-def alter(quotas: Quotas, entries: Sequence[AlterEntry], *, ip: bool = False
+def alter(quotas: Quotas, entries: Sequence[AlterEntry]
           ) -> tuple[list[AlterResult], list[Change]]:
     """Validate the entries in request order as ``ClientQuotaControlManager.alterClientQuotas``.
 
@@ -210,7 +208,7 @@ def alter(quotas: Quotas, entries: Sequence[AlterEntry], *, ip: bool = False
             results[entity] = AlterResult(entity, INVALID_REQUEST, message)
             continue
         error, new = _alter_entity(quotas.get(entity, {}), entity, names,
-                                   len(entry.components), ops, ip)
+                                   len(entry.components), ops)
         if error is None:
             changes.extend(new)
             results[entity] = AlterResult(entity, NONE, None)
@@ -220,15 +218,14 @@ def alter(quotas: Quotas, entries: Sequence[AlterEntry], *, ip: bool = False
 
 
 def _alter_entity(current: Mapping[str, float], entity: Entity, names: dict[str, str | None],
-                  wire_size: int, ops: dict[str, float | None], ip: bool
+                  wire_size: int, ops: dict[str, float | None]
                   ) -> tuple[str | None, list[Change]]:
     """``alterClientQuotaEntity``: the error message, or None and the changes."""
     # validateEntity
     if not names:
         return "Invalid empty client quota entity", []
-    known = _known_types(ip)
     for t in _java_hash_map_order(list(names), wire_size):
-        if t not in known:
+        if t not in _KNOWN_TYPES:
             return f"Unhandled client quota entity type: {t}", []
         if names[t] == "":
             return f"Empty {t} not supported", []

@@ -24,7 +24,7 @@ QUOTAS = """quotas:
   window: {samples: 11, size_seconds: 1}
   entities:
     - {user: alice, client-id: clientA, producer_byte_rate: 10485760}
-    - {user: "<default>", consumer_byte_rate: 5242880}
+    - {user: "<default>", consumer_byte_rate: 5242880, controller_mutation_rate: 2.5}
     - {client-id: "<default>", producer_byte_rate: 1048576, request_percentage: 50}
 """
 
@@ -90,7 +90,9 @@ def test_resolve_prints_entity_sharing_and_limits(tmp_path: Path, text: str) -> 
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["limits"] == {"producer_byte_rate": 1048576, "consumer_byte_rate": 5242880,
-                             "request_percentage": 50}
+                             "request_percentage": 50, "controller_mutation_rate": 2.5}
+    assert out["controller_mutation_rate"] == {"limit": 2.5, "entity": "users/<default>",
+                                               "level": 6, "shared_by": "user"}
     assert out["producer_byte_rate"]["entity"] == "clients/<default>"
     assert out["producer_byte_rate"]["shared_by"] == "client-id"
     assert out["consumer_byte_rate"]["entity"] == "users/<default>"
@@ -151,7 +153,8 @@ def test_resolve_accepts_a_file_with_only_quotas(quota_file: Path) -> None:
                 "--client-id", "clientA")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["limits"] == {
-        "producer_byte_rate": 10485760, "consumer_byte_rate": 5242880, "request_percentage": 50}
+        "producer_byte_rate": 10485760, "consumer_byte_rate": 5242880, "request_percentage": 50,
+        "controller_mutation_rate": 2.5}
 
 
 def test_simulate_accepts_a_file_with_only_quotas(quota_file: Path) -> None:

@@ -115,6 +115,39 @@ def test_describe_answers_the_merged_view_to_allowed_principals(user: str) -> No
     assert admin.describes == {"answered": 1, "refused": 0}
 
 
+async def test_ip_entities_are_described_and_altered() -> None:
+    """KIP-612: ``ip`` entities (the file's ``ip_entities`` and altered ones) are Kafka's third
+    entity type, with connection_creation_rate; an alter of one is stored and applied."""
+    admin, changed = _admin(ip_entities=[{"ip": "<default>", "connection_creation_rate": 5}])
+    written: list[list[Change]] = []
+
+    async def write(changes: list[Change], principal: str) -> None:
+        written.append(changes)
+        admin._apply(changes)
+
+    admin.write = write  # type: ignore[method-assign]
+    host = Host("admin")
+    value = _answer(_run(QuotaAdminFilter(host, admin), _describe([("ip", 2, None)])))
+    assert (value.error_code, value.error_message) == (0, None)
+    assert [([(c.entity_type, c.entity_name) for c in e.entity],
+             [(v.key, v.value) for v in e.values]) for e in value.entries] == [
+        ([("ip", None)], [("connection_creation_rate", 5.0)])]
+    entry = _run(QuotaAdminFilter(host, admin), _alter([
+        ([("ip", "10.0.0.1")], [("connection_creation_rate", 2.0, False)]),
+        ([("ip", "10.0.0.2"), ("user", "bob")], [("connection_creation_rate", 2.0, False)])]))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert [(e.error_code, e.error_message) for e in _answer(entry).entries] == [
+        (0, None), (42, "Invalid quota entity combination, IP entity shouldnot be combined "
+                        "with User or ClientId")]
+    assert written == [[Change((("ip", "10.0.0.1"),), "connection_creation_rate", 2.0)]]
+    assert admin.overrides == {(("ip", "10.0.0.1"),): {"connection_creation_rate": 2.0}}
+    assert changed == [1]
+    merged = admin.config.with_overrides(admin.overrides)
+    assert {(e.ip, e.connection_creation_rate) for e in merged.ip_entities} == {
+        ("<default>", 5), ("10.0.0.1", 2)}
+
+
 def test_describe_refused_to_other_principals() -> None:
     admin, _ = _admin()
     value = _answer(_run(QuotaAdminFilter(Host("mallory"), admin), _describe([])))

@@ -66,9 +66,9 @@ def fc(entity_type: str, match_type: int, match: str | None = None) -> FilterCom
     return FilterComponent(entity_type, match_type, match)
 
 
-def describe_error(components: list[FilterComponent], *, ip: bool = False) -> tuple[int, str]:
+def describe_error(components: list[FilterComponent]) -> tuple[int, str]:
     with pytest.raises(ClientQuotaError) as info:
-        describe(QUOTAS, components, False, ip=ip)
+        describe(QUOTAS, components, False)
     return info.value.code, info.value.message
 
 
@@ -76,11 +76,11 @@ def entities(found: list[tuple[Entity, dict[str, float]]]) -> list[Entity]:
     return [entity for entity, _ in found]
 
 
-def one(components: tuple[tuple[str, str | None], ...], *ops: Op, ip: bool = False,
+def one(components: tuple[tuple[str, str | None], ...], *ops: Op,
         quotas: dict[Entity, dict[str, float]] | None = None
         ) -> tuple[AlterResult, list[Change]]:
     results, changes = alter(QUOTAS if quotas is None else quotas,
-                             [AlterEntry(components, ops)], ip=ip)
+                             [AlterEntry(components, ops)])
     assert len(results) == 1
     return results[0], changes
 
@@ -108,10 +108,14 @@ def test_d4_unsupported_entity_type() -> None:
     assert describe_error([fc("foo", MATCH_ANY)]) == (35, "Unsupported entity type foo")
 
 
-def test_d4_ip_is_unsupported_until_enabled() -> None:
-    assert describe_error([fc(IP, MATCH_ANY)]) == (35, "Unsupported entity type ip")
-    found = describe(IP_QUOTAS, [fc(IP, MATCH_ANY)], False, ip=True)
+def test_d4_ip_is_a_supported_entity_type() -> None:
+    """KIP-612: ``ip`` is one of Kafka's three entity types (connection_creation_rate)."""
+    found = describe(IP_QUOTAS, [fc(IP, MATCH_ANY)], False)
     assert entities(found) == [IP_DEFAULT, IP_HOST]
+    found = describe(IP_QUOTAS, [fc(IP, MATCH_DEFAULT)], True)
+    assert found == [(IP_DEFAULT, {CCR: 20.0})]
+    found = describe({**QUOTAS, **IP_QUOTAS}, [fc(IP, MATCH_EXACT, "10.0.0.1")], False)
+    assert found == [(IP_HOST, {CCR: 10.0})]
 
 
 def test_d5_exact_without_match() -> None:
@@ -137,8 +141,8 @@ def test_d8_unknown_match_type() -> None:
 def test_d9_ip_with_user_or_client_id(other: FilterComponent) -> None:
     message = ("Invalid entity filter component combination. IP filter component should not be "
                "used with user or clientId filter component.")
-    assert describe_error([fc(IP, MATCH_ANY), other], ip=True) == (42, message)
-    assert describe_error([other, fc(IP, MATCH_DEFAULT)], ip=True) == (42, message)
+    assert describe_error([fc(IP, MATCH_ANY), other]) == (42, message)
+    assert describe_error([other, fc(IP, MATCH_DEFAULT)]) == (42, message)
 
 
 def test_d10_validation_error_is_request_level() -> None:
@@ -194,27 +198,28 @@ def test_a3_unknown_entity_type() -> None:
     assert changes == []
 
 
-def test_a3_ip_is_unknown_until_enabled() -> None:
-    result, _ = one(((IP, "10.0.0.1"),), set_(CCR, 5.0))
-    assert (result.error_code, result.error_message) == (
-        42, "Unhandled client quota entity type: ip")
-    result, changes = one(((IP, "10.0.0.1"),), set_(CCR, 5.0), ip=True)
-    assert (result.error_code, changes) == (0, [Change(IP_HOST, CCR, 5.0)])
+def test_a3_ip_is_a_handled_entity_type() -> None:
+    """KIP-612: an ``ip`` entity takes connection_creation_rate."""
+    result, changes = one(((IP, "10.0.0.1"),), set_(CCR, 5.0))
+    assert (result.error_code, result.error_message, changes) == (
+        0, None, [Change(IP_HOST, CCR, 5.0)])
+    result, changes = one(IP_DEFAULT, set_(CCR, 2.0))
+    assert (result.error_code, changes) == (0, [Change(IP_DEFAULT, CCR, 2.0)])
 
 
 @pytest.mark.parametrize("entity_type", [USER, CLIENT_ID, IP])
 def test_a4_empty_name(entity_type: str) -> None:
     key = CCR if entity_type == IP else PBR
-    result, changes = one(((entity_type, ""),), set_(key, 1.0), ip=True)
+    result, changes = one(((entity_type, ""),), set_(key, 1.0))
     assert (result.error_code, result.error_message) == (42, f"Empty {entity_type} not supported")
     assert changes == []
     # the null name is the default entity, and valid
-    result, changes = one(((entity_type, None),), set_(key, 1.0), ip=True)
+    result, changes = one(((entity_type, None),), set_(key, 1.0))
     assert (result.error_code, changes) == (0, [Change(((entity_type, None),), key, 1.0)])
 
 
 def test_a5_ip_with_user() -> None:
-    result, changes = one(((IP, "10.0.0.1"), (USER, "alice")), set_(CCR, 1.0), ip=True)
+    result, changes = one(((IP, "10.0.0.1"), (USER, "alice")), set_(CCR, 1.0))
     assert (result.error_code, result.error_message) == (
         42, "Invalid quota entity combination, IP entity should"  # sic: "shouldnot"
         "not be combined with User or ClientId")
@@ -223,18 +228,18 @@ def test_a5_ip_with_user() -> None:
 
 
 def test_a6_invalid_ip() -> None:
-    result, changes = one(((IP, "not an ip!"),), set_(CCR, 1.0), ip=True)
+    result, changes = one(((IP, "not an ip!"),), set_(CCR, 1.0))
     assert (result.error_code, result.error_message) == (
         42, "not an ip! is not a valid IP or resolvable host.")
     assert changes == []
     for name in (None, "10.0.0.1", "::1", "2001:db8::7"):
-        result, _ = one(((IP, name),), set_(CCR, 1.0), ip=True)
+        result, _ = one(((IP, name),), set_(CCR, 1.0))
         assert result.error_code == 0, name
 
 
 def test_a6_host_names_are_not_resolved() -> None:
     # Kafka would resolve "localhost"; this module accepts literal addresses only.
-    result, _ = one(((IP, "localhost"),), set_(CCR, 1.0), ip=True)
+    result, _ = one(((IP, "localhost"),), set_(CCR, 1.0))
     assert (result.error_code, result.error_message) == (
         42, "localhost is not a valid IP or resolvable host.")
 
@@ -243,7 +248,7 @@ def test_a7_key_not_valid_for_the_entity() -> None:
     result, changes = one(ALICE, set_(CCR, 1.0))
     assert (result.error_code, result.error_message) == (
         42, "Invalid configuration key connection_creation_rate")
-    result, changes2 = one(IP_HOST, set_(PBR, 1.0), ip=True)
+    result, changes2 = one(IP_HOST, set_(PBR, 1.0))
     assert (result.error_code, result.error_message) == (
         42, "Invalid configuration key producer_byte_rate")
     assert changes == changes2 == []
@@ -261,7 +266,7 @@ def test_a9_fractional_value_for_integral_keys() -> None:
     result, _ = one(ALICE, set_(PBR, 1.5))
     assert (result.error_code, result.error_message) == (
         42, "producer_byte_rate cannot be a fractional value.")
-    result, _ = one(IP_DEFAULT, set_(CCR, 1.5), ip=True)
+    result, _ = one(IP_DEFAULT, set_(CCR, 1.5))
     assert (result.error_code, result.error_message) == (
         42, "connection_creation_rate cannot be a fractional value.")
     # getErrorForIntegralQuotaValue: abs(value % 1.0) > 1e-6, so the tolerance is one-sided
@@ -272,10 +277,10 @@ def test_a9_fractional_value_for_integral_keys() -> None:
 
 
 def test_a10_too_large() -> None:
-    result, _ = one(IP_DEFAULT, set_(CCR, 3e9), ip=True)
+    result, _ = one(IP_DEFAULT, set_(CCR, 3e9))
     assert (result.error_code, result.error_message) == (
         42, "Proposed value for connection_creation_rate is too large for an INT.")
-    result, _ = one(IP_DEFAULT, set_(CCR, 2147483647.0), ip=True)
+    result, _ = one(IP_DEFAULT, set_(CCR, 2147483647.0))
     assert result.error_code == 0
     result, _ = one(ALICE, set_(PBR, 2.0**64))
     assert (result.error_code, result.error_message) == (

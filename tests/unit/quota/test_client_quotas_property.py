@@ -1,5 +1,6 @@
 """Property: for random AlterClientQuotas requests, ``apply`` of the changes equals a simple
-model of Kafka's quota map, and ``resolve`` over the result equals Kafka's 8-level precedence."""
+model of Kafka's quota map (user, client-id and ip entities), and ``resolve`` over the result
+equals Kafka's 8-level precedence."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from quota.entities import QuotaType, resolve
 
 LONG_KEYS = {"producer_byte_rate", "consumer_byte_rate"}
 DOUBLE_KEYS = {"request_percentage", "controller_mutation_rate"}
+INT_KEYS = {"connection_creation_rate"}  # ip entities only
 USERS = [None, "alice", "<default>"]
 CLIENTS = [None, "app", "<default>"]
 QUERY_USERS = ["alice", "bob", "<default>", "carol"]
@@ -47,7 +49,8 @@ def mostly(good: st.SearchStrategy[T], odd: st.SearchStrategy[T]) -> st.SearchSt
 names = {USER: USERS, CLIENT_ID: CLIENTS}
 good_component = st.sampled_from([USER, CLIENT_ID]).flatmap(
     lambda t: st.tuples(st.just(t), st.sampled_from(names[t])))
-odd_component = st.sampled_from([(USER, ""), (CLIENT_ID, ""), ("foo", "x"), (IP, "10.0.0.1")])
+odd_component = st.sampled_from([(USER, ""), (CLIENT_ID, ""), ("foo", "x"), (IP, "10.0.0.1"),
+                                 (IP, None), (IP, ""), (IP, "not-an-ip")])
 components = mostly(  # the odd ones: empty, a repeated type (last wins), invalid components
     st.lists(good_component, min_size=1, max_size=2, unique_by=lambda c: c[0]),
     st.lists(st.one_of(good_component, odd_component), max_size=3),
@@ -64,12 +67,22 @@ entry = st.builds(AlterEntry, components=components, ops=ops)
 requests = st.lists(st.lists(entry, min_size=1, max_size=3), min_size=1, max_size=10)
 
 
-def valid_set(key: str, value: float) -> bool:
+def valid_set(key: str, value: float, ip: bool) -> bool:
+    if ip:
+        return key in INT_KEYS and 0 < value <= 2147483647.0 and abs(math.fmod(value, 1.0)) <= 1e-6
     if key in DOUBLE_KEYS:
         return value > 0 and math.isfinite(value)
     if key in LONG_KEYS:  # NaN fails every comparison
         return 0 < value <= 2.0**63 and abs(math.fmod(value, 1.0)) <= 1e-6
     return False
+
+
+def valid_entity(parts: dict[str, str | None]) -> bool:
+    if not parts or "" in parts.values():
+        return False
+    if IP in parts:  # alone, and a literal address or the default
+        return len(parts) == 1 and parts[IP] in (None, "10.0.0.1")
+    return set(parts) <= {USER, CLIENT_ID}
 
 
 def model_alter(state: Model, request: Sequence[AlterEntry]
@@ -85,8 +98,8 @@ def model_alter(state: Model, request: Sequence[AlterEntry]
             codes[entity] = 42
             continue
         parts = dict(entity)
-        ok = (bool(parts) and set(parts) <= {USER, CLIENT_ID} and "" not in parts.values()
-              and all(o.remove or valid_set(o.key, o.value) for o in e.ops))
+        ok = valid_entity(parts) and all(o.remove or valid_set(o.key, o.value, IP in parts)
+                                          for o in e.ops)
         codes[entity] = 0 if ok else 42
         if not ok:
             continue
