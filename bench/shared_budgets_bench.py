@@ -2,7 +2,8 @@
 """Accuracy and reaction of budgets shared by several proxy processes (issue 16), live: real
 proxy processes (workers and instances) in front of one tansu, real librdkafka producers.
 
-Scenarios (each quota 1 MB/s, Kafka's 11 x 1 s window, 64 KB batches):
+Scenarios (each quota 1 MB/s unless ``--quota``, Kafka's 11 x 1 s window, 64 KB
+batches unless ``--batch-bytes``):
 
 - ``8conns-2workers``: one client-id, 8 producers, one instance of 2 workers (SO_REUSEPORT
   spreads their connections);
@@ -253,6 +254,7 @@ def run_move(tansu: TansuBroker, variant: str, move_after: float, after_s: float
 
 
 def main(argv: list[str] | None = None) -> int:
+    global QUOTA
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--scenarios", default=",".join([*SCENARIOS, "move"]))
@@ -260,8 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--move-after", type=float, default=20.0)
     parser.add_argument("--batch-bytes", type=int, default=65536,
                         help="librdkafka batch.size of the producers (65536)")
+    parser.add_argument("--quota", type=int, default=QUOTA,
+                        help="every scenario's quota in bytes/s (1000000)")
     args = parser.parse_args(argv)
     BATCH_BYTES[0] = args.batch_bytes
+    QUOTA = args.quota
     work = Path(tempfile.mkdtemp(prefix="shared-bench-"))
     tansu = TansuBroker(log_path=str(work / "tansu.log")).start()
     results = []
