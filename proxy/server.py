@@ -345,11 +345,14 @@ class Proxy:
 
     # ------------------------------------------------------------------ quotas
     async def _expire_loop(self) -> None:
-        """Drop quota budgets idle for an hour (Kafka's inactive sensor expiry)."""
+        """Drop quota budgets idle for an hour (Kafka's inactive sensor expiry), and controller
+        mutation budgets back at a full bucket (the same as a new one)."""
         while True:
             await asyncio.sleep(60)
-            self.quotas.expire(now_ms())
+            now = now_ms()
+            self.quotas.expire(now)
             self.connection_rates.expire()
+            self.mutations.quotas.expire(now)
 
     def _quota_entity_rows(self) -> list[EntityRow]:
         rows: list[EntityRow] = []

@@ -40,6 +40,11 @@ from quota.throttle import throttle_time_ms
 IP_CONNECTION_RATE_DEFAULT: Final = 2147483647
 # ConnectionQuotas' IP sensors expire after an hour without a record
 IP_SENSOR_EXPIRY_MS: Final = 3600 * 1000
+# At most this many IP sensors (Kafka has no bound): past it, the tenth least recently used
+# are dropped (those addresses start afresh), so a client with many addresses (an IPv6
+# prefix) cannot grow the proxy's memory without end. About 130 MB at the bound (some 670
+# bytes a sensor).
+MAX_IP_SENSORS: Final = 200_000
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -140,6 +145,8 @@ class ConnectionRates:
         self.ip_quotas = ip_quotas or IpConnectionQuotas()
         self.listeners: dict[str, RateSensor] = {}
         self.ips: dict[tuple[int, Address], RateSensor] = {}
+        self.max_ip_sensors = MAX_IP_SENSORS
+        self.evicted = 0  # times the IP sensors were full
         self.counts: dict[str, ListenerCounts] = {}
 
     def configure(self, samples: int, window_ms: int, ip_quotas: IpConnectionQuotas) -> None:
@@ -193,6 +200,8 @@ class ConnectionRates:
         key = (scope, address)
         sensor = self.ips.get(key)
         if sensor is None:
+            if len(self.ips) >= self.max_ip_sensors:
+                self._evict(now_ms)
             sensor = self.ips[key] = RateSensor(self.samples, self.window_ms, now_ms)
         throttle = sensor.record_and_throttle(bound, now_ms, self.max_throttle_ms)
         if throttle <= 0:
@@ -206,6 +215,16 @@ class ConnectionRates:
         counts.ip_throttled += 1
         counts.ip_throttle_ms += throttle
         return throttle
+
+    def _evict(self, now_ms: int) -> None:
+        """Full: the idle sensors go, and if that is not a tenth, the least recently used."""
+        self.expire(now_ms)
+        excess = len(self.ips) - self.max_ip_sensors * 9 // 10
+        if excess > 0:
+            by_age = sorted(self.ips.items(), key=lambda kv: kv[1].last_record_ms)
+            for k, _ in by_age[:excess]:
+                del self.ips[k]
+        self.evicted += 1
 
     def expire(self, now_ms: int) -> int:
         """Drop the IP sensors without a record for an hour; return how many."""

@@ -175,6 +175,16 @@ class MutationQuotas:
             self._budgets[tags] = found
         return found
 
+    def expire(self, now_ms: int) -> int:
+        """Drop the budgets whose bucket has refilled (a new budget starts full, so nothing
+        changes for their clients): budgets stay as many as were used in the last window,
+        however many client-ids come and go. Returns how many were dropped."""
+        full = [tags for tags, b in self._budgets.items()
+                if b.bucket.measure(now_ms) >= b.bucket.burst]
+        for tags in full:
+            del self._budgets[tags]
+        return len(full)
+
     def budgets(self) -> list[MutationBudget]:
         return list(self._budgets.values())
 

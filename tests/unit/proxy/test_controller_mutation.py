@@ -263,6 +263,7 @@ def test_q9_create_partitions_costs_what_it_adds_strict_since_v3() -> None:
     entry = _entry(frame)
     upstream = f.request_frame(entry, frame, True)
     assert upstream is not None and _names(37, 3, upstream) == ["a"]  # a: 11 - 12 = -1
+    assert m.quotas.budgets()[0].bucket.tokens == -1.0  # the 12 partitions it adds
     f.response_frame(entry, _response(37, 3, [("a", 0, 0)]))
     assert m.partitions.count("a") == 16
     permissive = create_partitions([("a", 20)], version=2)

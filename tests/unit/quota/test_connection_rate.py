@@ -199,3 +199,18 @@ def test_a_new_window_starts_the_sensors_afresh() -> None:
     assert r.ips  # same window: the sensors stay, with the new quota
     r.configure(5, 1000, IpConnectionQuotas.of([(None, 2)]))
     assert r.ips == {} and r.listeners == {}
+
+
+def test_ip_sensors_are_bounded_and_the_least_recently_used_go_first() -> None:
+    """Not Kafka's (unbounded): many addresses cannot grow the proxy's memory without end."""
+    r = rates((None, 1))
+    r.max_ip_sensors = 100
+    for i in range(100):
+        r.record_ip(L, 0, f"10.1.0.{i}", i)
+    assert len(r.ips) == 100 and r.evicted == 0
+    r.record_ip(L, 0, "10.1.0.0", 100)  # recently used again: kept
+    r.record_ip(L, 0, "10.2.0.1", 101)  # full: the tenth least recently used go
+    assert len(r.ips) == 91 and r.evicted == 1
+    kept = {str(a) for _, a in r.ips}
+    assert "10.1.0.0" in kept and "10.2.0.1" in kept
+    assert not {f"10.1.0.{i}" for i in range(1, 11)} & kept

@@ -170,3 +170,14 @@ def test_tokens_match_kafkas_formula(steps: list[tuple[int, float]], rate: float
         tokens = min(burst, tokens - permits)
         bucket.record(permits, now)
         assert bucket.tokens == pytest.approx(tokens, abs=1e-6)
+
+
+def test_budgets_back_at_a_full_bucket_are_dropped_as_a_new_one_would_start_full() -> None:
+    quotas = MutationQuotas({EntityKey(None, DEFAULT): 1.0}, samples=11, window_ms=1000)
+    for i in range(50):  # 50 client-ids, one partition each
+        budget = quotas.budget("ANONYMOUS", f"c{i}")
+        assert budget is not None
+        budget.record(1.0, T0 + i)
+    assert quotas.expire(T0 + 1000 + 10) == 11  # c0..c10 refilled a token since
+    assert len(quotas.budgets()) == 39
+    assert quotas.expire(T0 + 60_000) == 39 and quotas.budgets() == []
