@@ -4,6 +4,7 @@ prefix, header included; anything that does not decode raises ``MalformedFrame``
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import cache
 from typing import Any
 
@@ -44,3 +45,22 @@ def response_body(frame: bytes | memoryview, api_key: int, version: int) -> Any:
         raise MalformedFrame(
             f"{apis.api_name(api_key)} v{version} response does not decode: {exc!r}") from None
     return value
+
+
+UNKNOWN_TOPIC_OR_PARTITION = 3
+
+
+def metadata_topics(response: Any) -> Iterator[tuple[str, Any, Any]]:
+    """The named topics of a decoded MetadataResponse (any version): ``(name, topic_id or
+    None, partitions)`` for a topic the response describes, ``(name, None, None)`` for one the
+    broker does not know (UNKNOWN_TOPIC_OR_PARTITION); topics with other errors are left
+    out."""
+    for topic in response.topics:
+        name = topic.name
+        if name is None:
+            continue
+        error = int(getattr(topic.error_code, "value", topic.error_code))
+        if error == UNKNOWN_TOPIC_OR_PARTITION:
+            yield name, None, None
+        elif not error:
+            yield name, getattr(topic, "topic_id", None), topic.partitions

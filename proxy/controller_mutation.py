@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from protocol import apis
+from protocol.decoded import metadata_topics
 from proxy.clock import now_ms
 from quota.mutation import MutationQuotas, TopicPartitions
 
 if TYPE_CHECKING:
     from config.schema import QuotasConfig
 
-UNKNOWN_TOPIC_OR_PARTITION = 3
 
 
 class ControllerMutations:
@@ -39,16 +39,12 @@ class ControllerMutations:
 
     def observe_metadata(self, response: Any) -> None:
         """A decoded MetadataResponse on its way to a client: the topics' partitions."""
-        partitions = self.partitions
-        for topic in response.topics:
-            name = topic.name
-            if name is None:
-                continue
-            error = int(getattr(topic.error_code, "value", topic.error_code))
-            if error == UNKNOWN_TOPIC_OR_PARTITION:
-                partitions.forget(name)
-            elif not error:
-                partitions.observe(name, getattr(topic, "topic_id", None), len(topic.partitions))
+        known = self.partitions
+        for name, topic_id, partitions in metadata_topics(response):
+            if partitions is None:
+                known.forget(name)
+            else:
+                known.observe(name, topic_id, len(partitions))
 
     def metric_families(self) -> Iterator[Any]:
         c = CounterMetricFamily(

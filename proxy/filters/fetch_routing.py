@@ -33,6 +33,7 @@ from prometheus_client.core import CounterMetricFamily
 
 from protocol.apis import ApiKey
 from protocol.correlation import InFlight
+from protocol.decoded import metadata_topics
 from protocol.fetch import (
     FIRST_VERSION,
     FetchRequestSummary,
@@ -53,7 +54,6 @@ from routing.topology import Topology
 if TYPE_CHECKING:
     from config.schema import RacksConfig
 
-UNKNOWN_TOPIC_OR_PARTITION = 3
 _FETCH = int(ApiKey.FETCH)
 BOUNCE_MS = 60_000
 UNREACHABLE_MS = 30_000
@@ -85,22 +85,15 @@ class FetchRouting:
         topology = self.topology
         topology.observe_brokers(
             (b.node_id, getattr(b, "rack", None)) for b in response.brokers)
-        for topic in response.topics:
-            name = topic.name
-            if name is None:
-                continue
-            error = int(getattr(topic.error_code, "value", topic.error_code))
-            if error == UNKNOWN_TOPIC_OR_PARTITION:
+        for name, topic_id, partitions in metadata_topics(response):
+            if partitions is None:
                 topology.forget_topic(name)
                 continue
-            if error:
-                continue
-            topic_id = getattr(topic, "topic_id", None)
             topology.observe_topic(
                 name,
                 topic_id.bytes if topic_id is not None else None,
                 ((p.partition_index, p.leader_id, p.replica_nodes, p.isr_nodes)
-                 for p in topic.partitions),
+                 for p in partitions),
             )
 
     def set_reachable(self, node_id: int, reachable: bool) -> None:

@@ -11,6 +11,17 @@ import pytest
 from config.errors import ConfigError
 from config.loading import parse_config
 
+# A minimal valid configuration the error tests append to or edit. Line numbers:
+#   1 listeners:  2 bootstrap  3 advertised_host  4 broker_ports  5 upstream:  6 bootstrap_servers
+BASE = """\
+listeners:
+  bootstrap: "127.0.0.1:9192"
+  advertised_host: "127.0.0.1"
+  broker_ports: "9193-9292"
+upstream:
+  bootstrap_servers: ["127.0.0.1:9092"]
+"""
+
 ERROR_LINE = re.compile(r"^(?P<file>.+?):(?P<line>\d+):(?P<col>\d+): (?P<path>[^:]+): (?P<msg>.+)$")
 
 

@@ -38,16 +38,7 @@ metrics:
   listen: "127.0.0.1:9102"        # optional; GET /metrics
 """
 
-# A valid base; error tests append to it or edit it. Line numbers:
-#   1 listeners:  2 bootstrap  3 advertised_host  4 broker_ports  5 upstream:  6 bootstrap_servers
-BASE = """\
-listeners:
-  bootstrap: "127.0.0.1:9192"
-  advertised_host: "127.0.0.1"
-  broker_ports: "9193-9292"
-upstream:
-  bootstrap_servers: ["127.0.0.1:9092"]
-"""
+BASE = config_errors.BASE  # (its line numbers are there)
 
 
 def errors_of(text: str, source: str = SOURCE) -> list[str]:

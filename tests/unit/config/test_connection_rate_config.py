@@ -19,13 +19,7 @@ SOURCE = "rates.yaml"
 
 # Line numbers: 1 listeners  2 bootstrap  3 advertised_host  4 broker_ports  5 upstream
 #   6 bootstrap_servers  7 quotas  8 ip_entities  9 first entity
-BASE = """\
-listeners:
-  bootstrap: "127.0.0.1:9192"
-  advertised_host: "127.0.0.1"
-  broker_ports: "9193-9292"
-upstream:
-  bootstrap_servers: ["127.0.0.1:9092"]
+BASE = config_errors.BASE + """\
 quotas:
   ip_entities:
 """

@@ -15,16 +15,7 @@ from tests.support import config_errors
 
 SOURCE = "security.yaml"
 
-# Line numbers: 1 listeners:  2 bootstrap  3 advertised_host  4 broker_ports  5 upstream:
-#   6 bootstrap_servers
-BASE = """\
-listeners:
-  bootstrap: "127.0.0.1:9192"
-  advertised_host: "127.0.0.1"
-  broker_ports: "9193-9292"
-upstream:
-  bootstrap_servers: ["127.0.0.1:9092"]
-"""
+BASE = config_errors.BASE  # (its line numbers are there)
 
 
 def with_listener_security(block: str) -> str:
