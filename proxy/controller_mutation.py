@@ -68,6 +68,13 @@ class ControllerMutations:
             "as one partition)")
         c.add_metric([], self.estimated)
         yield c
+        c = CounterMetricFamily(
+            "kafka_proxy_controller_mutation_unread_requests",
+            "CreateTopics, CreatePartitions and DeleteTopics requests forwarded as sent and not "
+            "counted: a version kio does not read, a frame that does not decode, or one over "
+            "1 MiB")
+        c.add_metric([], self.undecodable)
+        yield c
         g = GaugeMetricFamily(
             "kafka_proxy_controller_mutation_tokens",
             "Tokens left in each controller mutation budget (partitions; below 0: throttled)",

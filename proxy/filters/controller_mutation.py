@@ -84,9 +84,14 @@ class ControllerMutationFilter(Filter):
     # ------------------------------------------------------------------ requests
     def request_frame(self, entry: InFlight, frame: bytes, patchable: bool) -> bytes | None:
         key = entry.api_key
-        if key not in MUTATION_APIS or entry.answer is not None or not patchable:
+        if key not in MUTATION_APIS or entry.answer is not None:
             return None
         m = self.mutations
+        if not patchable:  # larger than the proxy reads whole (1 MiB): forwarded as sent
+            m.undecodable += 1
+            log.info("mutation_request_unread", api=api_label(key),
+                     detail=f"{entry.request_size} bytes, forwarded as sent, not counted")
+            return None
         try:
             request = decode_request(frame, key, entry.api_version)
         except MalformedFrame as exc:  # the broker answers it (or closes) as it would

@@ -102,3 +102,17 @@ def test_the_answer_replaces_the_brokers_response_with_the_throttle_set() -> Non
     throttled = rewriter(entry, broker)
     assert throttled is not None and throttled != entry.answer
     assert describe_response(1, 5, 250, 0, None, []) == throttled
+
+
+def test_a_frame_of_an_api_the_broker_answers_over_the_bound_goes_through_cut_through() -> None:
+    """(CreateTopics, read whole for the controller mutation quota): too large to read whole,
+    it is forwarded as it comes, and captured unpatchable, instead of closing the
+    connection."""
+    stream = RequestStream(CorrelationTable(), capture=lambda e: e.api_key in (48, 19),
+                           whole=lambda key, version: key in (48, 19))
+    big = request_frame(19, 7, 8, "admin", b"\x00" * (WHOLE_FRAME_MAX + 10))
+    out, events = stream.feed(big[:1000])
+    assert bytes(out) == big[:1000] and [e.api_key for e in events] == [19]
+    rest, _ = stream.feed(big[1000:])
+    assert bytes(rest) == big[1000:]
+    assert [(e.api_key, len(f)) for e, f in stream.captured] == [(19, len(big) - 4)]

@@ -295,6 +295,15 @@ def test_an_undecodable_request_passes_untouched() -> None:
     assert m.undecodable == 1 and entry.answer is None
 
 
+def test_a_request_too_large_to_read_whole_passes_uncounted() -> None:
+    m = _mutations(1.0)
+    f = ControllerMutationFilter(Host(), m)
+    frame = create_topics([("a", 100)])
+    entry = _entry(frame)
+    assert f.request_frame(entry, frame, False) is None  # (cut-through: not patchable)
+    assert m.undecodable == 1 and m.quotas.budgets() == [] and entry.throttle_ms == 0
+
+
 def test_metadata_responses_teach_partition_counts() -> None:
     m = _mutations(1.0)
     cls = load_response_schema(3, 12)
