@@ -97,13 +97,14 @@ def test_strict_topics_past_the_bucket_are_refused_and_never_created(
         # deletes cost the topics' partitions (known from their creation): from 3 tokens
         # (a little more by the time it goes), a takes 3, b overdraws, c is refused
         wait_for(lambda: _tokens(proxy, "strict-admin") >= 3, timeout=10)
-        result = None
-        while result is None:  # (the client's own hold from a free create, if any)
+        def delete() -> dict[str, int] | None:  # None while the client holds itself back
             try:
                 result = admin.delete_topics(["mq-a", "mq-b", "mq-c"], raise_errors=False)
             except NodeNotReadyError:
-                time.sleep(0.05)
-        codes = {t["name"]: t["error_code"] for t in result["topics"]}
+                return None
+            return {t["name"]: t["error_code"] for t in result["topics"]}
+
+        codes = wait_for(delete, timeout=5)
         assert codes == {"mq-a": 0, "mq-b": 0, "mq-c": THROTTLED}
         existing = _existing(tansu)
         assert "mq-c" in existing and not {"mq-a", "mq-b"} & existing
