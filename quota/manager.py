@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from quota.entities import EntityKey, QuotaType, Resolution, Tags, quota_limit, resolve
 from quota.request_time import RequestTimeModel
 from quota.sampled import SampledRate
-from quota.throttle import java_round, throttle_time_ms
+from quota.throttle import INT32_MAX, java_round, rate_per_second, throttle_time_ms
 
 ONE_HOUR_MS = 3_600_000
 
@@ -66,7 +66,9 @@ class Sensor:
         if bound is None:
             return True
         total, window = self.rate.peek(now_ms)
-        return (total + self.in_flight) * 1000.0 / window < bound
+        if not window:  # (one sample, a window just begun)
+            return total + self.in_flight <= 0.0
+        return rate_per_second(total + self.in_flight, window) < bound
 
 
 # (sensor, value recorded, rate measured, window ms, now ms) -> (rate, window ms, bound)
@@ -76,9 +78,16 @@ BudgetHook = Callable[["Sensor", float, float, int, int], tuple[float, int, floa
 HeadroomHook = Callable[["Sensor", int, float], bool]
 
 
+# ClientQuotaManager.NanosToPercentagePerSecond = 100.0 / TimeUnit.SECONDS.toNanos(1)
+NANOS_TO_PERCENTAGE_PER_SECOND = 100.0 / 1_000_000_000
+
+
 def percent_of_thread(request_time_ms: float) -> float:
-    """Kafka records request time as a percentage of one thread: 10 ms per second = 1%."""
-    return request_time_ms / 10.0
+    """Kafka records request time as a percentage of one thread (10 ms per second = 1%), from
+    the thread time in whole nanoseconds: ``requestThreadTimeNanos * NanosToPercentagePerSecond``.
+    The time charged (ms, ``quota.request_time``) is taken to whole nanoseconds first, so the
+    value recorded is the one Kafka would record for that thread time, to the last bit."""
+    return java_round(request_time_ms * 1_000_000.0) * NANOS_TO_PERCENTAGE_PER_SECOND
 
 
 class StorageScaling:
@@ -260,7 +269,7 @@ class QuotaManager:
             return 0
         paced += value * 1000.0 / bound
         sensor.paced_until = paced
-        throttle = java_round(paced - now_ms - self.settings.window_ms)
+        throttle = min(java_round(paced - now_ms - self.settings.window_ms), INT32_MAX)
         if throttle <= 0:
             return 0
         sensor.throttled_requests += 1

@@ -9,7 +9,7 @@ Pure: time is passed in (ms). What Kafka does, rule by rule (``docs/quota-admin.
   last update at time 0, so its first refill fills it);
 - a mutation records its partitions as tokens spent (the bucket may go negative); a
   violation is a bucket below 0 (exactly 0 is fine), and its throttle time the time to
-  refill to 0: ``round(-tokens / rate x 1000)`` ms;
+  refill to 0: ``Math.round(-tokens / rate * 1000)`` ms;
 - strict (CreateTopics v6+, CreatePartitions v3+, DeleteTopics v5+): each topic in request
   order is checked before it is recorded; a bucket below 0 rejects the topic
   (THROTTLING_QUOTA_EXCEEDED, nothing recorded) with that throttle time; a bucket at 0 or
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quota.entities import EntityKey, Tags, metric_tags, quota_limit
+from quota.throttle import INT32_MAX, java_round
 
 # The first version of each API whose throttled topics are refused (KIP-599): older ones are
 # only throttled. CreateTopics, DeleteTopics, CreatePartitions.
@@ -36,6 +37,11 @@ def strict(api_key: int, api_version: int) -> bool:
     return api_version >= STRICT_SINCE[api_key]
 
 
+def _burst(rate: float, samples: int, window_ms: int) -> float:
+    """``TokenBucket.burst``: ``samples * convert(timeWindowMs, SECONDS) * quota``."""
+    return samples * (window_ms / 1000.0) * rate
+
+
 class TokenBucket:
     """Kafka's ``org.apache.kafka.common.metrics.stats.TokenBucket`` with its quota."""
 
@@ -43,24 +49,34 @@ class TokenBucket:
 
     def __init__(self, rate: float, samples: int, window_ms: int) -> None:
         self.rate = rate
-        self.burst = rate * samples * window_ms / 1000.0
-        self.tokens = self.burst  # Kafka's first refill (from time 0) fills it
+        self.burst = _burst(rate, samples, window_ms)
+        # Kafka's starts at 0 tokens updated at time 0: its first refill, at any wall-clock
+        # time, fills it to exactly ``burst``
+        self.tokens = self.burst
         self.last_ms: int | None = None
 
     def reconfigure(self, rate: float, samples: int, window_ms: int, now_ms: int) -> None:
-        """A new quota: the tokens so far refilled at the old rate, then held to the new
-        burst (Kafka clamps on the next refill)."""
-        self._refill(now_ms)
+        """A new quota, as Kafka's ``updateQuotaMetricConfigs`` gives the bucket a new
+        ``MetricConfig``: the tokens stay as they are, and the next refill (from the last
+        update, at the new rate) holds them to the new burst. ``now_ms`` is unused: Kafka does
+        not refill on a quota change."""
+        del now_ms
         self.rate = rate
-        self.burst = rate * samples * window_ms / 1000.0
-        self.tokens = min(self.burst, self.tokens)
+        self.burst = _burst(rate, samples, window_ms)
 
     def _refill(self, now_ms: int) -> None:
+        """``refill``: ``tokens = min(burst, tokens + quota * convert(now - last, SECONDS))``.
+        Time never goes back here (a monotonic clock), so a refill at or before the last update
+        changes nothing but the clamp, as Kafka's refill of 0 ms does."""
         last = self.last_ms
-        if last is not None and now_ms > last:
-            self.tokens = min(self.burst, self.tokens + self.rate * (now_ms - last) / 1000.0)
-        if last is None or now_ms > last:
+        if last is None:  # Kafka's first refill: min(burst, 0 + quota * now in seconds)
+            self.tokens = self.burst
             self.last_ms = now_ms
+            return
+        if now_ms < last:
+            now_ms = last
+        self.tokens = min(self.burst, self.tokens + self.rate * ((now_ms - last) / 1000.0))
+        self.last_ms = now_ms
 
     def measure(self, now_ms: int) -> float:
         self._refill(now_ms)
@@ -73,7 +89,8 @@ class TokenBucket:
     def throttle_ms(self, now_ms: int) -> int:
         """How long until the bucket is back at 0 (0 when it is not below)."""
         tokens = self.measure(now_ms)
-        return round(-tokens / self.rate * 1000.0) if tokens < 0 else 0
+        # ControllerMutationQuotaManager.throttleTimeMs: Math.round(-value / bound * 1000)
+        return min(java_round(-tokens / self.rate * 1000.0), INT32_MAX) if tokens < 0 else 0
 
 
 @dataclass(slots=True)

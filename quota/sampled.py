@@ -7,8 +7,11 @@
   aligned boundaries); add ``v``; set that sample's last-event time to ``t``.
 - ``record_and_measure(v, t)``: the quota check after a record: purge (reset with start = t)
   every sample whose last event is at least ``samples * window_ms`` old; ``W = t - min(start)``,
-  padded to ``(samples - 1)`` full windows when fewer have elapsed, at least 1 ms;
-  rate = sum / (W in seconds).
+  padded to ``(samples - 1)`` full windows when fewer have elapsed (0 is possible with one
+  sample, at the first record of a window: Java's division then gives infinity or NaN, and a
+  throttle of 0); rate = ``sum / (W / 1000.0)``, in Kafka's order (``Rate.measure``, see
+  ``quota.throttle``), so that every rate, and every throttle from it, is Kafka's to the last
+  bit (``tests/unit/quota/test_kafka_exact.py`` holds it against a transcription of Kafka's).
 
 Only recording changes the state. ``measure``, ``window_size_ms`` and ``peek`` give what a
 purge at ``t`` would give, without purging, and never create the first sample: in Kafka a JMX
@@ -20,6 +23,8 @@ recorded requests gives every throttle the proxy gave.
 from __future__ import annotations
 
 from array import array
+
+from quota.throttle import rate_per_second
 
 
 class SampledRate:
@@ -100,7 +105,7 @@ class SampledRate:
         full = elapsed // self.window_ms
         if full < self.samples - 1:
             elapsed += (self.samples - 1 - full) * self.window_ms
-        return total, max(elapsed, 1)
+        return total, elapsed
 
     def samples_at(self, now_ms: int) -> list[tuple[int, int, float]]:
         """The samples with a value that a quota check at ``now_ms`` counts, as ``(start, last
@@ -152,14 +157,14 @@ class SampledRate:
         full = elapsed // window_ms
         if full < samples - 1:
             elapsed += (samples - 1 - full) * window_ms
-        if elapsed < 1:
-            elapsed = 1
-        return sum(values) * 1000.0 / elapsed, elapsed
+        if elapsed:
+            return sum(values) / (elapsed / 1000.0), elapsed
+        return rate_per_second(sum(values), 0), 0
 
     def measure(self, now_ms: int) -> tuple[float, int]:
         """``(rate per second, W in ms)`` at ``now_ms`` (a pure read: see the module's doc)."""
         total, window = self.peek(now_ms)
-        return total * 1000.0 / window, window
+        return rate_per_second(total, window), window
 
     def purge(self, now_ms: int) -> None:
         """Reset the samples due at ``now_ms``, as the quota check after a record does."""

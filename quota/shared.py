@@ -56,6 +56,7 @@ from quota.manager import (
     StorageScaling,
 )
 from quota.sampled import SampledRate
+from quota.throttle import rate_per_second
 
 # (broker, quota type, user tag, client-id tag): one budget as ``QuotaManager`` shares them
 # (the tags are ``Sensor.tags``: "" where that part does not take part in sharing)
@@ -201,11 +202,12 @@ def oldest_start(rate: SampledRate, now_ms: int) -> int:
 
 def kafka_window(elapsed_ms: int, samples: int, window_ms: int) -> int:
     """Kafka's ``Rate.windowSize`` for ``elapsed_ms`` since the oldest sample's start: padded
-    with whole windows up to ``samples - 1`` of them while fewer have elapsed; >= 1 ms."""
+    with whole windows up to ``samples - 1`` of them while fewer have elapsed (0 is possible
+    with one sample: ``quota.throttle.rate_per_second``)."""
     full = elapsed_ms // window_ms
     if full < samples - 1:
         elapsed_ms += (samples - 1 - full) * window_ms
-    return max(elapsed_ms, 1)
+    return elapsed_ms
 
 
 def usage_report(process: str, seq: int, sent_ms: int, managers: Mapping[int, QuotaManager],
@@ -227,7 +229,7 @@ def usage_report(process: str, seq: int, sent_ms: int, managers: Mapping[int, Qu
                 continue
             if min_fraction > 0.0:
                 total, window = sensor.rate.peek(now_ms)
-                if total * 1000.0 / window < min_fraction * sensor.bound:
+                if rate_per_second(total, window) < min_fraction * sensor.bound:
                     continue
             budgets[(broker, sensor.quota_type, *sensor.tags)] = tuple(
                 (min(now_ms - s, _MAX_BEFORE), min(now_ms - last, _MAX_BEFORE), v)
@@ -462,7 +464,7 @@ def global_sum(rate: SampledRate, others_total: float, others_oldest: int, now_m
     own_total, _ = rate.peek(now_ms)
     oldest = min(oldest_start(rate, now_ms), others_oldest)
     window = kafka_window(now_ms - oldest, rate.samples, rate.window_ms)
-    return (own_total + others_total) * 1000.0 / window, window
+    return rate_per_second(own_total + others_total, window), window
 
 
 def demand_share(own: float, others: Sequence[float], floor: float, live: int = 1) -> float:

@@ -7,6 +7,7 @@ budget, or the throttles depend on when they happened, which no capture can tell
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from demo.embedded_broker import TansuBroker
+from tests.support import kafka_reference
 from tests.support.e2e import ProxyProcess, new_topic, reproduce_capture
 
 pytestmark = pytest.mark.e2e
@@ -129,3 +131,10 @@ capture:
     print(f"\nexact replay: {matched}/{total} requests match ({quota_d} quota'd, "
           f"{scrapes} scrapes, {counts})")
     assert matched == total
+    # and an independent model of Kafka's arithmetic (tests/support/kafka_reference.py,
+    # which shares no code with the quota engine) gives every throttle too, to the ms
+    generations = {d["quota_generation"]: d["quotas"] for d in (
+        json.loads(f.read_text()) for f in capture_dir.glob("quotas-*.json"))}
+    agreed, total, differ = kafka_reference.replay_capture(rows, generations)
+    print(f"kafka model: {agreed}/{total} requests agree")
+    assert agreed == total, differ

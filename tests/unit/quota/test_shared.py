@@ -239,7 +239,7 @@ def test_kafka_window_pads_to_n_minus_one_windows() -> None:
     assert kafka_window(0, 11, 1000) == 10_000
     assert kafka_window(2500, 11, 1000) == 10_500  # as SampledRate: 2 full windows + 8 padded
     assert kafka_window(12_345, 11, 1000) == 12_345
-    assert kafka_window(0, 1, 1000) == 1
+    assert kafka_window(0, 1, 1000) == 0  # one sample, its window just begun (as Kafka)
 
 
 def test_global_sum_counts_the_others_samples_and_their_oldest_start() -> None:
