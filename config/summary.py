@@ -41,6 +41,7 @@ def summarize(config: ProxyConfig) -> str:
         label = "listeners" if name is None else f"listener {name}"
         extra = "" if name is None else f" (bootstrap {kind.bootstrap}, ports {kind.broker_ports})"
         lines.append(f"{label:<19}: {what}{extra}")
+        lines.append(f"{'  broker sees':<19}: {broker_view(config, security)}")
     upstream = config.upstream
     lines.append("upstream security  : "
                  + ("TLS" if upstream.tls else "plaintext")
@@ -58,3 +59,26 @@ def _coordination(config: ProxyConfig) -> str:
     if c.enabled == "auto":
         return f"auto: on when workers > 1 ({how})"
     return f"on ({how})"
+
+
+def proxy_principal(config: ProxyConfig) -> str:
+    """Who the brokers take the proxy's own upstream connections for."""
+    upstream = config.upstream
+    if upstream.sasl is not None:
+        return f"the proxy's SASL login {upstream.sasl.username!r}"
+    if upstream.tls is not None and upstream.tls.cert_file is not None:
+        return "the proxy's TLS certificate"
+    return "ANONYMOUS (the proxy's unauthenticated connection)"
+
+
+def broker_view(config: ProxyConfig, security: object) -> str:
+    """What a broker sees of a client of a listener kind: its own principal (SASL inspected,
+    the exchange passes through), or the proxy's for every client (then the brokers' ACLs and
+    quotas cannot tell the clients apart: the proxy's quotas and its guard of its own topics
+    are what hold them; ``docs/security.md``)."""
+    uses_sasl = bool(getattr(security, "uses_sasl", False))
+    sasl = getattr(security, "sasl", None)
+    if uses_sasl and sasl is not None and getattr(sasl, "mode", None) == "inspect":
+        return "each client's own SASL principal (the exchange goes to the broker)"
+    return (f"every client as {proxy_principal(config)}: broker ACLs and quotas cannot tell "
+            "clients apart")

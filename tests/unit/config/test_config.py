@@ -525,6 +525,22 @@ def test_summary_names_every_section() -> None:
     assert "capture            : off" in minimal and "storage throttling : off" in minimal
 
 
+def test_summary_says_what_a_broker_sees_of_each_listener_kind() -> None:
+    """Under SASL inspection a broker sees each client's own principal; on every other kind
+    it sees the proxy's connection for every client, and check-config says so."""
+    from config.summary import summarize
+
+    lines = summarize(load_config(DEPLOY / "config.example.yaml")).splitlines()
+    seen = [lines[i + 1] for i, line in enumerate(lines) if line.startswith("listener")]
+    assert seen == [
+        "  broker sees      : each client's own SASL principal (the exchange goes to the broker)",
+        "  broker sees      : every client as the proxy's SASL login 'kafka-quota-proxy': broker "
+        "ACLs and quotas cannot tell clients apart"]
+    minimal = summarize(parse_config(BASE, SOURCE))
+    assert ("  broker sees      : every client as ANONYMOUS (the proxy's unauthenticated "
+            "connection): broker ACLs and quotas cannot tell clients apart") in minimal
+
+
 def test_load_config_missing_file(tmp_path: Path) -> None:
     path = tmp_path / "missing.yaml"
     with pytest.raises(ConfigError) as info:
