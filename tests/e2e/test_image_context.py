@@ -1,130 +1,102 @@
-"""The container image's build, without Docker: the exact build context deploy/Dockerfile
-sees (the repository filtered by deploy/Dockerfile.dockerignore), its COPY lines carried out in
-a temporary directory, ``pip install`` of what they copied, and the proxy started from that
-installation alone (a package the image would lack fails here as it would in the image)."""
+"""The container image's build, without Docker: the exact build context deploy/Dockerfile sees
+(the repository filtered by deploy/Dockerfile.dockerignore), its COPY lines carried out in a
+temporary directory, and what they copied ``pip install``ed as the Dockerfile does, into a
+fresh virtual environment of its own (tests/support/install.py). From there every module is
+imported (but those needing the ``spark`` extra, which the image does not install), the
+configuration the image bakes in passes ``check-config``, and that configuration, moved to free
+ports in front of a tansu broker, serves a client that produces and consumes through the proxy.
+A package or subpackage the image would lack fails here as it would in the image."""
 
 from __future__ import annotations
 
-import fnmatch
-import glob
-import os
-import shutil
-import subprocess
-import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 
-from demo.embedded_broker import free_port, free_port_range, wait_for_port
+from demo.embedded_broker import TansuBroker
+from tests.support.install import (
+    DEPLOY,
+    ROOT,
+    SPARK_EXTRA_IMPORTS,
+    SPARK_EXTRA_MODULES,
+    build_context,
+    carry_out_copies,
+    check_main_modules,
+    fresh_venv,
+    import_each,
+    modules_of,
+    on_free_ports,
+    repository_files,
+    round_trip,
+    run_proxy,
+    shipped_files,
+    shipped_top_level,
+    tree_files,
+)
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
-DEPLOY = ROOT / "deploy"
+BAKED_CONFIG = "etc/kafka-quota-proxy/config.yaml"
 
 
-def _matches(pattern: str, path: str) -> bool:
-    """Whether a .dockerignore pattern matches ``path`` or one of its parent directories."""
-    pattern = pattern.rstrip("/")
-    parts = path.split("/")
-    for i in range(1, len(parts) + 1):
-        if fnmatch.fnmatchcase("/".join(parts[:i]), pattern):
-            return True
-        if pattern.startswith("**/") and fnmatch.fnmatchcase(parts[i - 1], pattern[3:]):
-            return True
-    return False
-
-
-def _ignored(path: str, patterns: list[tuple[bool, str]]) -> bool:
-    """Docker's rule: the last pattern that matches decides (``!`` re-includes)."""
-    ignored = False
-    for include, pattern in patterns:
-        if _matches(pattern, path):
-            ignored = not include
-    return ignored
-
-
-def build_context(into: Path) -> Path:
-    """The files of the repository the Dockerfile's build may see, copied to ``into``."""
-    patterns: list[tuple[bool, str]] = []
-    for line in (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            patterns.append((line.startswith("!"), line.lstrip("!")))
-    tracked = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-                             cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    for rel in tracked.splitlines():
-        if (ROOT / rel).is_file() and not _ignored(rel, patterns):
-            (into / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / rel, into / rel)
-    return into
-
-
-def carry_out_copies(context: Path, src: Path, root: Path) -> None:
-    """The Dockerfile's COPY lines from the context: into ``src`` (its WORKDIR /src) or, for
-    absolute destinations, under ``root``."""
-    for line in (DEPLOY / "Dockerfile").read_text().splitlines():
-        if not line.startswith("COPY ") or "--from=" in line:
-            continue
-        *sources, dest = line.split()[1:]
-        target = root / dest.lstrip("/") if dest.startswith("/") else src / dest
-        for source in sources:
-            matches = glob.glob(str(context / source.rstrip("/")))
-            if not matches:
-                assert "*" in source, f"{line!r}: {source} is not in the build context"
-                continue
-            for match in map(Path, matches):
-                if match.is_dir():
-                    shutil.copytree(match, target, dirs_exist_ok=True)
-                elif dest.endswith("/"):
-                    target.mkdir(parents=True, exist_ok=True)
-                    shutil.copy2(match, target / match.name)
-                else:
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copy2(match, target)
-
-
-def test_the_image_context_installs_and_runs(tmp_path: Path) -> None:
+def image_sources(tmp_path: Path) -> tuple[Path, Path]:
+    """The build stage's /src and the runtime image's root after the COPY lines."""
     context = build_context(tmp_path / "context")
-    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
-        "packages"]
-    missing = [p for p in packages if not (context / p / "__init__.py").exists()]
-    assert not missing, f"packages pyproject.toml lists but the build context lacks: {missing}"
     src, root = tmp_path / "src", tmp_path / "root"
-    src.mkdir()
     carry_out_copies(context, src, root)
-    site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                    "--target", str(site), str(src)], check=True, timeout=300)
-    env = {**os.environ, "PYTHONPATH": str(site)}
-    # every package comes from the installation, none from this checkout
-    where = subprocess.run(
-        [sys.executable, "-c", "import importlib, sys; print('\\n'.join("
-         "importlib.import_module(p).__file__ for p in sys.argv[1:]))", *packages],
-        env=env, cwd=tmp_path, capture_output=True, text=True, check=True).stdout.split()
-    assert all(path.startswith(str(site)) for path in where), where
-    config = root / "etc/kafka-quota-proxy/config.yaml"
-    check = subprocess.run([sys.executable, "-m", "cli.main", "check-config", str(config)],
-                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
-    assert check.returncode == 0, check.stderr
-    # and the proxy starts from it
-    ports = free_port_range(4)
-    bootstrap = free_port(outside=ports)
-    own = tmp_path / "config.yaml"
-    own.write_text(f"""listeners:
-  bootstrap: "127.0.0.1:{bootstrap}"
-  advertised_host: "127.0.0.1"
-  broker_ports: "{ports[0]}-{ports[1]}"
-upstream:
-  bootstrap_servers: ["127.0.0.1:{free_port()}"]
-""")
-    proc = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "--config", str(own)],
-                            env=env, cwd=tmp_path, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    try:
-        wait_for_port("127.0.0.1", bootstrap, 20)
-    finally:
-        proc.terminate()
-        _, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err.decode()[-2000:]
+    return src, root
+
+
+def test_the_image_context_holds_every_package(tmp_path: Path) -> None:
+    files = repository_files()
+    src, root = image_sources(tmp_path)
+    copied = set(tree_files(src))
+    top = shipped_top_level(files)
+    assert top, "no package found in the repository"
+    lacking = [name for name in top if f"{name}/__init__.py" not in copied]
+    assert lacking == [], (
+        f"packages the image's build context lacks (deploy/Dockerfile.dockerignore): {lacking}")
+    missing = sorted(set(shipped_files(files)) - copied)
+    assert missing == [], f"files of the packages the image's build would lack: {missing}"
+    assert {"pyproject.toml", "README.md"} <= copied
+    assert (root / BAKED_CONFIG).read_bytes() == (DEPLOY / "config.image.yaml").read_bytes()
+
+
+def test_the_image_context_installs_and_runs(tansu: TansuBroker, tmp_path: Path) -> None:
+    src, root = image_sources(tmp_path)
+    work = tmp_path / "work"  # the image's WORKDIR /tmp: outside the repository
+    work.mkdir()
+    assert not work.resolve().is_relative_to(ROOT)
+    with fresh_venv(tmp_path / "venv") as venv:
+        # RUN pip install . && kafka-quota-proxy --version (in WORKDIR /src)
+        seconds = venv.pip_install(".", cwd=src)
+        print(f"pip install . (the image's build context): {seconds:.1f} s")
+        version = venv.run([venv.script("kafka-quota-proxy"), "--version"], work)
+        assert version.returncode == 0 and "kafka-quota-proxy" in version.stdout, version
+        site = venv.site_packages(work)
+        assert site.is_relative_to(venv.path)
+
+        modules = modules_of(shipped_files(repository_files()))
+        imported = import_each(venv, modules, work)
+        failed = {m: r for m, r in imported.items() if "error" in r}
+        # the image installs no extra: exactly the Spark jobs' modules that import one fail,
+        # for want of a module of the extra and not of the project
+        assert set(failed) == SPARK_EXTRA_MODULES, {m: r["error"] for m, r in failed.items()}
+        assert {r["missing"].split(".")[0] for r in failed.values()} <= SPARK_EXTRA_IMPORTS, (
+            failed)
+        elsewhere = {m: r["file"] for m, r in imported.items()
+                     if "file" in r and not Path(r["file"]).is_relative_to(site)}
+        assert elsewhere == {}
+        check_main_modules(venv, modules, work, site)
+
+        baked = root / BAKED_CONFIG
+        check = venv.run([venv.script("kafka-quota-proxy"), "check-config", baked], work)
+        assert check.returncode == 0, check.stdout + check.stderr
+
+        config, bootstrap = on_free_ports(yaml.safe_load(baked.read_text()), tansu.bootstrap)
+        own = work / "config.yaml"
+        own.write_text(yaml.safe_dump(config, sort_keys=False))
+        with run_proxy(venv, own, bootstrap, work):
+            sent, received = round_trip(f"127.0.0.1:{bootstrap}")
+        assert received == sent
