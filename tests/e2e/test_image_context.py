@@ -40,9 +40,10 @@ pytestmark = pytest.mark.e2e
 BAKED_CONFIG = "etc/kafka-quota-proxy/config.yaml"
 
 
-def image_sources(tmp_path: Path) -> tuple[Path, Path]:
-    """The build stage's /src and the runtime image's root after the COPY lines."""
-    context = build_context(tmp_path / "context")
+def image_sources(tmp_path: Path, files: list[str]) -> tuple[Path, Path]:
+    """The build stage's /src and the runtime image's root after the COPY lines, from the
+    repository's ``files``."""
+    context = build_context(tmp_path / "context", files)
     src, root = tmp_path / "src", tmp_path / "root"
     carry_out_copies(context, src, root)
     return src, root
@@ -50,7 +51,7 @@ def image_sources(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_the_image_context_holds_every_package(tmp_path: Path) -> None:
     files = repository_files()
-    src, root = image_sources(tmp_path)
+    src, root = image_sources(tmp_path, files)
     copied = set(tree_files(src))
     top = shipped_top_level(files)
     assert top, "no package found in the repository"
@@ -64,7 +65,8 @@ def test_the_image_context_holds_every_package(tmp_path: Path) -> None:
 
 
 def test_the_image_context_installs_and_runs(tansu: TansuBroker, tmp_path: Path) -> None:
-    src, root = image_sources(tmp_path)
+    files = repository_files()  # one listing for the context and the modules to import
+    src, root = image_sources(tmp_path, files)
     work = tmp_path / "work"  # the image's WORKDIR /tmp: outside the repository
     work.mkdir()
     assert not work.resolve().is_relative_to(ROOT)
@@ -77,7 +79,7 @@ def test_the_image_context_installs_and_runs(tansu: TansuBroker, tmp_path: Path)
         site = venv.site_packages(work)
         assert site.is_relative_to(venv.path)
 
-        modules = modules_of(shipped_files(repository_files()))
+        modules = modules_of(shipped_files(files))
         imported = import_each(venv, modules, work)
         failed = {m: r for m, r in imported.items() if "error" in r}
         # the image installs no extra: exactly the Spark jobs' modules that import one fail,

@@ -376,20 +376,21 @@ def _ignored(path: str, patterns: list[tuple[bool, str]]) -> bool:
     return ignored
 
 
-def context_files() -> list[str]:
-    """The files of the repository the Dockerfile's build may see (deploy/Dockerfile's build
-    context filtered by deploy/Dockerfile.dockerignore)."""
+def context_files(files: Iterable[str] | None = None) -> list[str]:
+    """The files of the repository (``files``, by default :func:`repository_files`) the
+    Dockerfile's build may see (its build context filtered by deploy/Dockerfile.dockerignore)."""
     patterns: list[tuple[bool, str]] = []
     for line in (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines():
         line = line.strip()
         if line and not line.startswith("#"):
             patterns.append((line.startswith("!"), line.lstrip("!")))
-    return [rel for rel in repository_files() if not _ignored(rel, patterns)]
+    return [rel for rel in (repository_files() if files is None else files)
+            if not _ignored(rel, patterns)]
 
 
-def build_context(into: Path) -> Path:
+def build_context(into: Path, files: Iterable[str] | None = None) -> Path:
     """The files of the repository the Dockerfile's build may see, copied to ``into``."""
-    return copy_files(context_files(), into)
+    return copy_files(context_files(files), into)
 
 
 def carry_out_copies(context: Path, src: Path, root: Path) -> None:
