@@ -284,8 +284,9 @@ def simulate(sc: Scenario, variant: Variant, report_ms: int, delay_ms: int,
         elif kind == REPORT:
             seqs[what] += 1
             if variant.coordinate and sc.reading:
-                data = usage_report(names[what], seqs[what], t, {BROKER: managers[what]},
-                                    t).encode()
+                made = usage_report(names[what], seqs[what], t, {BROKER: managers[what]}, t)
+                remotes[what].wrote(made)  # its own, when read back
+                data = made.encode()
                 for q in range(k):
                     push(t + delay_ms, DELIVER, (q, data))
             shared[what].reported(t)

@@ -630,6 +630,9 @@ class StorageConfig(_Model):
     exempt_client_ids: list[str] = []
     pause_throttle_ms: int = Field(default=1000, ge=1, le=300_000)
     evaluate_seconds: float = Field(default=1.0, gt=0, le=60)
+    max_clock_skew_seconds: float = Field(
+        default=30.0, gt=0, le=3600, description="A volume snapshot stamped further ahead of "
+        "this proxy's clock is refused (counted and logged).")
     agent: VolumeAgentConfig | None = None
 
     def policy(self) -> StoragePolicy:
@@ -657,6 +660,9 @@ class CoordinationConfig(_Model):
         description="The fallback's divisor before any report has been read (default: this "
         "instance's workers).")
     create_topic: bool = True
+    max_clock_skew_ms: int = Field(
+        default=30_000, ge=100, le=3_600_000, description="A usage report stamped further "
+        "ahead of this process's clock is refused (counted and logged).")
 
     @model_validator(mode="after")
     def _staleness_covers_reports(self) -> CoordinationConfig:

@@ -8,7 +8,14 @@ against the sum (``SharedBudgets``, design A+: Kafka's maths on its own samples 
 others' as reported, with the lag compensated). While reports cannot be read, or this
 process's own do not come back, each budget is enforced as ``quota / processes live`` (the
 fallback), logged and in the metrics. On a clean stop the process writes a tombstone, so that
-the others stop counting it at once.
+the others stop counting it as live at once.
+
+Every report read is judged before it is trusted (``quota.shared.RemoteUsage``'s rules:
+future stamps beyond ``max_clock_skew_ms``, another writer under this process's own id,
+lines of reports under one id, tombstones, bounded memory; ``SharedBudgets``' cap on what the
+others can charge to a budget). Refusals are counted
+(``kafka_proxy_shared_quota_reports_refused_total{reason}``) and logged, at most one line
+every ``REFUSED_LOG_EVERY_S`` seconds with the count since the last.
 """
 
 from __future__ import annotations
@@ -28,7 +35,14 @@ from proxy.clock import now_ms, wall_ms
 from proxy.cluster_topics import Subscription, ensure_topic, stop_quietly
 from quota.capture_schema import process_id
 from quota.enforcer import QuotaEnforcer
-from quota.shared import RemoteUsage, ReportError, SharedBudgets, UsageReport, usage_report
+from quota.shared import (
+    Refusal,
+    RemoteUsage,
+    ReportError,
+    SharedBudgets,
+    UsageReport,
+    usage_report,
+)
 
 log = structlog.get_logger("kafka_quota_proxy.coordination")
 
@@ -39,6 +53,7 @@ TOPIC_CONFIGS = {"cleanup.policy": "compact,delete", "retention.ms": "3600000",
 RECREATE_AFTER_S = 10.0
 _FAILURES_BEFORE_NEW_PRODUCER = 3
 EARLY_REPORT_MS = 20  # at least this long between an early report and the one before
+REFUSED_LOG_EVERY_S = 10.0  # at most one log line of refused reports this often
 
 
 def own_process_id(instance: str | None, worker: int | None) -> str:
@@ -61,7 +76,8 @@ class Coordination:
         self.wall = wall
         settings = quotas.settings
         self.remote = RemoteUsage(process, settings.samples, settings.window_ms,
-                                  config.staleness_ms, initial_processes)
+                                  config.staleness_ms, initial_processes,
+                                  max_skew_ms=config.max_clock_skew_ms)
         self.shared = SharedBudgets(self.remote)
         self.shared.on_first_use = self._report_soon
         quotas.share(self.shared.hooks)
@@ -89,6 +105,8 @@ class Coordination:
         self.report_age_ms_max = 0
         self.connected = False
         self._subscription: Subscription | None = None
+        self._refused_seen = 0  # refusals counted when the last line was logged
+        self._refused_logged_at: int | None = None
 
     # ------------------------------------------------------------------ reading
     def subscription(self) -> Subscription:
@@ -106,9 +124,9 @@ class Coordination:
 
     def observe(self, key: bytes | None, value: bytes | None, timestamp_ms: int) -> None:
         """One record of the usage topic."""
-        if value is None:  # a process stopped
+        if value is None:  # a process stopped: no longer live (its usage counts till stale)
             if key:
-                self.remote.forget(key.decode(errors="replace"))
+                self.remote.stopped(key.decode(errors="replace"))
             return
         try:
             report = UsageReport.decode(value)
@@ -117,10 +135,28 @@ class Coordination:
             log.warning("shared_quota_bad_report", key=repr(key)[:100], error=str(exc)[:200])
             return
         self.reports_read += 1
-        age = min(max(self.wall() - report.sent_ms, 0), self.config.staleness_ms)
+        wall = self.wall()
+        age = min(max(wall - report.sent_ms, 0), self.config.staleness_ms)
         self.report_age_ms_total += age
         self.report_age_ms_max = max(self.report_age_ms_max, age)
-        self.remote.observe(report, self.clock() - age)
+        refused = sum(self.remote.refused.values())
+        taken = self.remote.observe(report, self.clock() - age, wall)
+        if not taken and sum(self.remote.refused.values()) > refused:
+            self._log_refused(report, wall)
+
+    def _log_refused(self, report: UsageReport, wall_ms: int) -> None:
+        """A report refused: one log line every ``REFUSED_LOG_EVERY_S`` at most."""
+        last = self._refused_logged_at
+        if last is not None and wall_ms - last < REFUSED_LOG_EVERY_S * 1000:
+            return
+        total = sum(self.remote.refused.values())
+        log.warning("shared_quota_report_refused", process=report.process[:200],
+                    seq=report.seq, ahead_ms=report.sent_ms - wall_ms,
+                    budgets=len(report.budgets),
+                    refused={r.value: n for r, n in self.remote.refused.items() if n},
+                    refused_since_last_log=total - self._refused_seen)
+        self._refused_logged_at = wall_ms
+        self._refused_seen = total
 
     def _reader_state(self, connected: bool, reading: bool) -> None:
         self.connected = connected
@@ -206,6 +242,7 @@ class Coordination:
             self.writes_skipped += 1
             return
         self._last_written_ms = now
+        self.remote.wrote(report)  # its own when read back; no other writer's under its id
         data = report.encode()
         self.report_bytes = len(data)
         self._in_flight += 1
@@ -332,7 +369,7 @@ class Coordination:
              "Sum of the reports' ages when read (sent -> read; / reports read = mean)",
              self.report_age_ms_total / 1000.0),
             ("kafka_proxy_shared_quota_reports_ignored",
-             "Reports ignored: made with another quota window, or older than one held",
+             "Reports ignored: made with another quota window, or one already held",
              remote.ignored),
             ("kafka_proxy_shared_quota_bad_reports", "Usage records that do not parse",
              self.bad_reports),
@@ -348,7 +385,22 @@ class Coordination:
              self.writes_skipped),
             ("kafka_proxy_shared_quota_fallback_checks",
              "Quota checks made under the fallback", self.shared.fallback_checks),
+            ("kafka_proxy_shared_quota_conflicting_reports",
+             "Reports that do not follow the reports held under their process id (a second "
+             "writer under it, or a clock set back): held as a line of their own",
+             remote.conflicts),
+            ("kafka_proxy_shared_quota_capped_checks",
+             "Quota checks where the others' usage of the budget was capped at "
+             "charge_cap_windows windows of its quota", self.shared.capped_checks),
         ):
             c = CounterMetricFamily(name, doc)
             c.add_metric([], value)
             yield c
+        refused = CounterMetricFamily(
+            "kafka_proxy_shared_quota_reports_refused",
+            "Usage reports refused: stamped beyond the clock skew allowed (future), under this "
+            "process's id but not written by it (own_id), too many budgets (oversized), or no "
+            "room for a new process (full)", labels=["reason"])
+        for reason in Refusal:
+            refused.add_metric([reason.value], remote.refused[reason])
+        yield refused

@@ -13,6 +13,12 @@ and apply it to producers:
 At start the topic is read from the beginning (by the process's ``TopicReader``); until it
 has been read to its end, and whenever a broker in the metadata has no fresh snapshot, the
 fail-safe (``on_missing``) applies.
+
+Every record is judged before it is trusted (``quota.storage``'s rules): a snapshot stamped
+more than ``max_clock_skew_seconds`` ahead of this proxy's clock is refused, counted
+(``kafka_proxy_storage_refused_snapshots_total{reason}``) and logged (at most one line every
+``REFUSED_LOG_EVERY_S`` seconds, with the count since the last); a tombstone is counted and
+leaves the broker's last snapshot to go stale in its time.
 """
 
 from __future__ import annotations
@@ -29,18 +35,27 @@ from proxy.clock import wall_ms
 from proxy.cluster_topics import Subscription
 from proxy.flow import ReadGate
 from quota.enforcer import QuotaEnforcer
-from quota.storage import OPEN, ClusterVolumes, Snapshot, SnapshotError, State, Verdict
+from quota.storage import (
+    OPEN,
+    ClusterVolumes,
+    Judgement,
+    Snapshot,
+    SnapshotError,
+    State,
+    Verdict,
+)
 
 log = structlog.get_logger("kafka_quota_proxy.storage")
 
-
+REFUSED_LOG_EVERY_S = 10.0
 
 class StorageWatch:
     def __init__(self, config: StorageConfig, quotas: QuotaEnforcer,
                  bootstrap: list[HostPort], known_brokers: Callable[[], set[int]],
                  clock: Callable[[], int] = wall_ms) -> None:
         self.config = config
-        self.cluster = ClusterVolumes(config.policy())
+        self.cluster = ClusterVolumes(config.policy(),
+                                      max_skew_ms=int(config.max_clock_skew_seconds * 1000))
         self.quotas = quotas
         self.bootstrap = [str(b) for b in bootstrap]
         self.known_brokers = known_brokers
@@ -58,6 +73,9 @@ class StorageWatch:
         self.bad_snapshots = 0
         self.read_errors = 0
         self.transitions = 0
+        self.refused: dict[str, int] = {j.value: 0 for j in Judgement if j.refused}
+        self._refused_logged_at: float | None = None
+        self._refused_since_log = 0
         self.evaluate()
 
     # ------------------------------------------------------------------ state
@@ -112,8 +130,9 @@ class StorageWatch:
             self.bad_snapshots += 1
             log.warning("storage_bad_snapshot", key=repr(key), error="key is not a broker id")
             return
-        if value is None:
-            self.cluster.remove(broker)
+        if value is None:  # no data, not a verdict: the last snapshot goes stale in its time
+            self.cluster.tombstone(broker)
+            log.info("storage_tombstone", broker=broker)
             return
         try:
             snapshot = Snapshot.from_json(broker, value)
@@ -122,7 +141,23 @@ class StorageWatch:
             log.warning("storage_bad_snapshot", broker=broker, error=str(exc))
             return
         self.snapshots_read += 1
-        self.cluster.update(snapshot)
+        now = self.clock()
+        judged = self.cluster.update(snapshot, now)
+        if judged.refused:
+            self._refuse(judged, snapshot, now)
+
+    def _refuse(self, judged: Judgement, snapshot: Snapshot, now_ms: int) -> None:
+        """Count a refused snapshot; log it, at most once every ``REFUSED_LOG_EVERY_S``."""
+        self.refused[judged.value] += 1
+        self._refused_since_log += 1
+        t = now_ms / 1000.0
+        if self._refused_logged_at is None or t - self._refused_logged_at >= REFUSED_LOG_EVERY_S:
+            log.warning("storage_snapshot_refused", reason=judged.value,
+                        broker=snapshot.broker_id, snapshot_at=snapshot.snapshot_at_ms,
+                        ahead_ms=snapshot.snapshot_at_ms - now_ms,
+                        refused_since_last_log=self._refused_since_log)
+            self._refused_logged_at = t
+            self._refused_since_log = 0
 
     # ------------------------------------------------------------------ tasks
     def subscription(self) -> Subscription:
@@ -181,10 +216,20 @@ class StorageWatch:
             ("kafka_proxy_storage_read_errors", "Failures reading the volume topic",
              self.read_errors),
             ("kafka_proxy_storage_transitions", "Storage state changes", self.transitions),
+            ("kafka_proxy_storage_tombstones",
+             "Tombstones read (the broker's last snapshot then goes stale in its time)",
+             self.cluster.tombstones),
         ):
             c = CounterMetricFamily(name, doc)
             c.add_metric([], value)
             yield c
+        refused = CounterMetricFamily(
+            "kafka_proxy_storage_refused_snapshots",
+            "Volume snapshots refused: stamped beyond the clock skew allowed (future), or of a "
+            "new broker id past the number held (too_many_brokers)", labels=["reason"])
+        for reason, n in self.refused.items():
+            refused.add_metric([reason], n)
+        yield refused
         usage = GaugeMetricFamily("kafka_proxy_storage_volume_bytes",
                                   "Volume capacity and consumed bytes, per broker and volume",
                                   labels=["broker", "volume", "kind"])

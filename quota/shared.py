@@ -242,21 +242,87 @@ def usage_report(process: str, seq: int, sent_ms: int, managers: Mapping[int, Qu
 # on the reader's clock
 _Held = tuple[int, int, float]
 
+MAX_CLOCK_SKEW_MS = 30_000  # a report stamped further ahead of the reader's clock is refused
+# A process makes at most this many reports a second (the runtime: one every ``report_ms``,
+# at least 20 ms, and early ones at least 20 ms apart), so its ``seq`` grows at most this fast
+# over its own ``sent_ms``, give or take ``SEQ_SLACK``.
+MAX_REPORTS_PER_S = 100
+SEQ_SLACK = 16
+MAX_LINES = 8  # lines of reports held under one process id (see ``RemoteUsage``)
+MAX_PROCESSES = 4096  # other processes held at once
+MAX_REPORT_BUDGETS = 20_000  # budgets in one report
+MAX_HELD_BUDGETS = 200_000  # budgets held over every line of every process
+CHARGE_CAP_WINDOWS = 2.0  # ``SharedBudgets``: the others count at most this many windows
+
+
+def plausible_seq_step(sent_delta_ms: int) -> int:
+    """The most a process's ``seq`` can grow between two reports ``sent_delta_ms`` apart."""
+    return SEQ_SLACK + max(0, sent_delta_ms) * MAX_REPORTS_PER_S // 1000
+
+
+class Refusal(Enum):
+    """Why ``RemoteUsage.observe`` refused a report (counted in ``RemoteUsage.refused``)."""
+
+    FUTURE = "future"  # stamped more than ``max_skew_ms`` ahead of the reader's clock
+    OWN_ID = "own_id"  # under this process's id, but not one it wrote
+    OVERSIZED = "oversized"  # more budgets than ``max_report_budgets``
+    FULL = "full"  # a new process past ``max_processes``, or no room for its budgets
+
 
 @dataclass(slots=True)
 class _Report:
     seq: int
+    sent_ms: int
     as_of_ms: int
     budgets: dict[BudgetKey, list[_Held]]
 
 
-class RemoteUsage:
-    """The latest report of every process, on this process's clock.
+@dataclass(slots=True)
+class _Peer:
+    """The reports held under one process id: one line for each consistent sequence."""
 
-    ``observe(report, as_of_ms)``: ``as_of_ms`` is when, on this process's quota clock, the
-    report was made (the runtime estimates it from ``sent_ms``, see ``docs/scale-out.md``).
-    A process whose last report is ``staleness_ms`` old or more counts no more: ``expire``
-    forgets it, and every answer ignores it even before.
+    lines: list[_Report] = field(default_factory=list)
+    stopped: bool = False  # a tombstone since its last report
+
+
+class RemoteUsage:
+    """The latest report of every process, on this process's clock, judged before it is
+    trusted (anyone who can write to the topic can write a report: ``docs/security.md``).
+
+    ``observe(report, as_of_ms, wall_ms)``: ``as_of_ms`` is when, on this process's quota
+    clock, the report was made (the runtime estimates it from ``sent_ms``, see
+    ``docs/scale-out.md``); ``wall_ms`` the reader's wall clock. A process whose last report is
+    ``staleness_ms`` old or more counts no more: ``expire`` forgets it, and every answer
+    ignores it even before.
+
+    The rules (each refusal counted in ``refused``, by ``Refusal``):
+
+    - **Future stamps**: a report whose ``sent_ms`` is more than ``max_skew_ms`` ahead of
+      ``wall_ms`` is refused (it would otherwise count as just made for as long as it is
+      re-sent, and outlive any real report).
+    - **Own id**: a report under this process's own id is taken only if this process wrote
+      it (``wrote``: same ``seq`` and ``sent_ms``); any other is refused. A process never
+      takes another writer's word for its own usage, nor for whether its reports come back.
+    - **Seq orders reports only within one line.** Reports under one process id form lines: a
+      report extends a line when its ``seq`` is above the line's by no more than
+      ``plausible_seq_step`` of the time between their ``sent_ms``, and it is not stamped
+      earlier; the same report again is ignored. Any other report (a ``seq`` jumping
+      absurdly, or going back, or a stamp going back) starts a line of its own (counted in
+      ``conflicts``): a second writer under the id cannot shut out the real one, whose next
+      report extends its own line or starts a new one. Each budget counts the most any
+      fresh line of the process reports (a real process's newer report holds at least what
+      its older ones do), so a line that reports less than the real one changes nothing.
+      At most ``MAX_LINES`` lines per id: a new one replaces the line updated longest ago.
+    - **Tombstones**: a tombstone takes the process out of the processes counted live (the
+      fallback's divisor); its reported usage counts until it is stale, as the bytes it
+      passed went through; a report after it brings it back. (A forged tombstone costs at
+      most a report interval of that process in the live count.)
+    - **Memory**: at most ``max_report_budgets`` budgets a report (more: refused), at most
+      ``max_processes`` other processes and ``max_held_budgets`` budgets over every line held
+      (a new process or line that does not fit is refused while the room is taken: the
+      processes already counted are never pushed out).
+    - What the others' reports can charge to one budget is bounded where it is counted:
+      ``SharedBudgets(charge_cap_windows)``.
 
     The fallback applies while ``reading`` is off (the reports cannot be read, or have not
     been read up to the end of the topic yet) or while this process's own reports do not
@@ -265,21 +331,32 @@ class RemoteUsage:
     itself included (``initial_processes`` before they ever did)."""
 
     def __init__(self, me: str, samples: int = 11, window_ms: int = 1000,
-                 staleness_ms: int = 2000, initial_processes: int = 1) -> None:
+                 staleness_ms: int = 2000, initial_processes: int = 1, *,
+                 max_skew_ms: int = MAX_CLOCK_SKEW_MS, max_processes: int = MAX_PROCESSES,
+                 max_report_budgets: int = MAX_REPORT_BUDGETS,
+                 max_held_budgets: int = MAX_HELD_BUDGETS) -> None:
         self.me = me
         self.samples = samples
         self.window_ms = window_ms
         self.staleness_ms = staleness_ms
+        self.max_skew_ms = max_skew_ms
+        self.max_processes = max_processes
+        self.max_report_budgets = max_report_budgets
+        self.max_held_budgets = max_held_budgets
         self._expire = samples * window_ms
-        self._peers: dict[str, _Report] = {}
+        self._peers: dict[str, _Peer] = {}
         self._own: _Report | None = None
-        # budget -> process -> its samples: ``others`` only visits the processes using it
-        self._index: dict[BudgetKey, dict[str, list[_Held]]] = {}
+        self._written: dict[int, int] = {}  # seq -> sent_ms of this process's recent reports
+        # budget -> process -> its lines with usage of it: ``others`` only visits those
+        self._index: dict[BudgetKey, dict[str, list[_Report]]] = {}
+        self._held_budgets = 0
         self.reading = False
         self._known_live = max(1, initial_processes)
         self._recent_live: list[tuple[int, int]] = []  # (when, processes live), see _note_live
-        self.ignored = 0  # reports made with another window, or older than one held
+        self.ignored = 0  # reports made with another window, or seen already
         self.dropped = 0  # processes forgotten for staleness
+        self.conflicts = 0  # reports that started a new line under a process id
+        self.refused: dict[Refusal, int] = dict.fromkeys(Refusal, 0)
 
     # ------------------------------------------------------------------ input
     def set_reading(self, reading: bool, now_ms: int) -> None:
@@ -299,50 +376,119 @@ class RemoteUsage:
             recent.pop(0)
         self._known_live = max(n for _, n in recent)
 
-    def observe(self, report: UsageReport, as_of_ms: int) -> bool:
-        """Take a report in; False when it is ignored."""
+    def wrote(self, report: UsageReport) -> None:
+        """This process is writing ``report``: when read back, it is its own."""
+        written = self._written
+        written[report.seq] = report.sent_ms
+        while len(written) > 256:
+            del written[next(iter(written))]
+
+    def _refuse(self, why: Refusal) -> bool:
+        self.refused[why] += 1
+        return False
+
+    def observe(self, report: UsageReport, as_of_ms: int, wall_ms: int | None = None) -> bool:
+        """Take a report in (the rules: the class's doc); False when it is ignored or
+        refused. ``wall_ms``: the reader's wall clock (None: stamps are not checked)."""
         if (report.samples, report.window_ms) != (self.samples, self.window_ms):
             self.ignored += 1
             return False
-        mine = report.process == self.me
-        held = self._own if mine else self._peers.get(report.process)
-        if held is not None and (report.seq <= held.seq or as_of_ms < held.as_of_ms):
-            self.ignored += 1
-            return False
+        if wall_ms is not None and report.sent_ms - wall_ms > self.max_skew_ms:
+            return self._refuse(Refusal.FUTURE)
+        if report.process == self.me:
+            if self._written.get(report.seq) != report.sent_ms:
+                return self._refuse(Refusal.OWN_ID)
+            own = self._own
+            if own is not None and report.seq <= own.seq:
+                self.ignored += 1
+                return False
+            self._own = self._held(report, as_of_ms)
+            return True
+        if len(report.budgets) > self.max_report_budgets:
+            return self._refuse(Refusal.OVERSIZED)
+        peer = self._peers.get(report.process)
+        if peer is None and len(self._peers) >= self.max_processes:
+            return self._refuse(Refusal.FULL)
+        lines = peer.lines if peer is not None else []
+        extends: _Report | None = None
+        for line in lines:
+            d_seq, d_sent = report.seq - line.seq, report.sent_ms - line.sent_ms
+            if d_seq == 0 and d_sent == 0:  # the same report again
+                self.ignored += 1
+                return False
+            if (0 < d_seq <= plausible_seq_step(d_sent) and d_sent >= 0
+                    and (extends is None or (line.seq, line.sent_ms)
+                         > (extends.seq, extends.sent_ms))):
+                extends = line
+        if extends is None and lines:  # a new line under a known id
+            self.conflicts += 1
+            if len(lines) >= MAX_LINES:
+                extends = min(lines, key=lambda r: r.as_of_ms)  # replaced by the new line
+        freed = len(extends.budgets) if extends is not None else 0
+        if self._held_budgets - freed + len(report.budgets) > self.max_held_budgets:
+            return self._refuse(Refusal.FULL)
+        got = self._held(report, as_of_ms)
+        if peer is None:
+            peer = self._peers[report.process] = _Peer()
+        peer.stopped = False
+        if extends is not None:
+            self._unindex(report.process, extends)
+            peer.lines[peer.lines.index(extends)] = got
+        else:
+            peer.lines.append(got)
+        self._held_budgets += len(got.budgets) - freed
+        for key in got.budgets:
+            self._index.setdefault(key, {}).setdefault(report.process, []).append(got)
+        return True
+
+    def _held(self, report: UsageReport, as_of_ms: int) -> _Report:
         expire = self._expire
-        got = _Report(report.seq, as_of_ms, {
+        return _Report(report.seq, report.sent_ms, as_of_ms, {
             key: [(as_of_ms - start, as_of_ms - last + expire, value)
                   for start, last, value in samples]
             for key, samples in report.budgets.items() if samples})
-        if mine:
-            self._own = got
-            return True
-        if held is not None:
-            self._unindex(report.process, held)
-        self._peers[report.process] = got
-        for key, samples in got.budgets.items():
-            self._index.setdefault(key, {})[report.process] = samples
-        return True
+
+    def stopped(self, process: str) -> None:
+        """A tombstone for ``process``: it no longer counts as live; its usage counts until
+        its reports are stale (see the class's doc). Ignored for this process's own id."""
+        peer = self._peers.get(process)
+        if peer is not None:
+            peer.stopped = True
 
     def forget(self, process: str) -> None:
-        """Forget a process (stale, or it said it stopped: a tombstone on the topic)."""
-        held = self._peers.pop(process, None)
-        if held is not None:
-            self._unindex(process, held)
+        """Forget a process (stale)."""
+        peer = self._peers.pop(process, None)
+        if peer is not None:
+            for line in peer.lines:
+                self._unindex(process, line)
+                self._held_budgets -= len(line.budgets)
 
     def _unindex(self, process: str, report: _Report) -> None:
         for key in report.budgets:
             users = self._index.get(key)
-            if users is not None:
-                users.pop(process, None)
-                if not users:
-                    del self._index[key]
+            if users is None:
+                continue
+            lines = users.get(process)
+            if lines is not None:
+                lines[:] = [r for r in lines if r is not report]
+                if not lines:
+                    del users[process]
+            if not users:
+                del self._index[key]
 
     def expire(self, now_ms: int) -> list[str]:
-        """Forget the processes whose last report is stale; return them. (Called at least
-        every report interval: it also notes how many processes are live, for the
-        fallback.)"""
-        stale = [p for p, r in self._peers.items() if not self._fresh(r, now_ms)]
+        """Forget the processes whose last report is stale (and the stale lines of the
+        others); return them. (Called at least every report interval: it also notes how many
+        processes are live, for the fallback.)"""
+        stale = []
+        for p, peer in self._peers.items():
+            if not any(self._fresh(r, now_ms) for r in peer.lines):
+                stale.append(p)
+            elif len(peer.lines) > 1:
+                for r in [r for r in peer.lines if not self._fresh(r, now_ms)]:
+                    self._unindex(p, r)
+                    self._held_budgets -= len(r.budgets)
+                    peer.lines.remove(r)
         for p in stale:
             self.forget(p)
         self.dropped += len(stale)
@@ -354,13 +500,16 @@ class RemoteUsage:
     def _fresh(self, report: _Report, now_ms: int) -> bool:
         return now_ms - report.as_of_ms < self.staleness_ms
 
+    def _live(self, peer: _Peer, now_ms: int) -> bool:
+        return not peer.stopped and any(self._fresh(r, now_ms) for r in peer.lines)
+
     def live(self, now_ms: int) -> int:
-        """The processes with a fresh report, this one included."""
-        return 1 + sum(1 for r in self._peers.values() if self._fresh(r, now_ms))
+        """The processes with a fresh report (and no tombstone since), this one included."""
+        return 1 + sum(1 for peer in self._peers.values() if self._live(peer, now_ms))
 
     def peers(self, now_ms: int) -> list[str]:
-        """The other processes with a fresh report."""
-        return sorted(p for p, r in self._peers.items() if self._fresh(r, now_ms))
+        """The other processes with a fresh report (and no tombstone since)."""
+        return sorted(p for p, peer in self._peers.items() if self._live(peer, now_ms))
 
     def _own_missing(self, now_ms: int) -> bool:
         return self._own is None or not self._fresh(self._own, now_ms)
@@ -375,22 +524,31 @@ class RemoteUsage:
 
     def others(self, key: BudgetKey, now_ms: int) -> tuple[float, int]:
         """The other live processes' usage of ``key`` that a quota check at ``now_ms`` counts
-        (samples whose last event is less than ``samples * window_ms`` old), and the oldest
-        start among those samples (``now_ms`` when there is none)."""
+        (samples whose last event is less than ``samples * window_ms`` old; for each process
+        its line reporting the most), and the oldest start among those samples (``now_ms``
+        when there is none)."""
         users = self._index.get(key)
         if not users:
             return 0.0, now_ms
         total = 0.0
         oldest = now_ms
-        peers = self._peers
-        for process, samples in users.items():
-            if now_ms - peers[process].as_of_ms >= self.staleness_ms:
-                continue
-            for start, expiry, value in samples:
-                if now_ms < expiry:
-                    total += value
-                    if start < oldest:
-                        oldest = start
+        staleness = self.staleness_ms
+        for lines in users.values():
+            best, best_oldest = 0.0, now_ms
+            for line in lines:
+                if now_ms - line.as_of_ms >= staleness:
+                    continue
+                t, o = 0.0, now_ms
+                for start, expiry, value in line.budgets[key]:
+                    if now_ms < expiry:
+                        t += value
+                        if start < o:
+                            o = start
+                if t > best:
+                    best, best_oldest = t, o
+            total += best
+            if best_oldest < oldest:
+                oldest = best_oldest
         return total, oldest
 
     def active(self, key: BudgetKey, now_ms: int, active_ms: int) -> list[int]:
@@ -401,20 +559,25 @@ class RemoteUsage:
     def active_usage(self, key: BudgetKey, now_ms: int, active_ms: int
                      ) -> list[tuple[int, float]]:
         """``active``, each with that process's usage of ``key`` in its report's samples
-        with an event within ``active_ms`` before the report."""
+        with an event within ``active_ms`` before the report (one per process: its line
+        reporting the most)."""
         users = self._index.get(key)
         if not users:
             return []
-        peers = self._peers
         expire = self._expire
         got = []
-        for process, samples in users.items():
-            report = peers[process]
-            as_of = report.as_of_ms
-            if (self._fresh(report, now_ms)
-                    and max(e for _, e, _ in samples) - expire >= as_of - active_ms):
-                got.append((as_of, sum(v for _, e, v in samples
-                                       if e - expire >= as_of - active_ms)))
+        for lines in users.values():
+            best: tuple[int, float] | None = None
+            for line in lines:
+                as_of = line.as_of_ms
+                samples = line.budgets[key]
+                if (self._fresh(line, now_ms)
+                        and max(e for _, e, _ in samples) - expire >= as_of - active_ms):
+                    used = sum(v for _, e, v in samples if e - expire >= as_of - active_ms)
+                    if best is None or used > best[1]:
+                        best = (as_of, used)
+            if best is not None:
+                got.append(best)
         return got
 
     def own_usage(self, key: BudgetKey, active_ms: int) -> float:
@@ -436,16 +599,16 @@ class RemoteUsage:
     def demands(self, key: BudgetKey, now_ms: int, horizon_ms: int | None = None
                 ) -> list[float]:
         """Each other live process's usage of ``key`` (``horizon_ms``: in samples with an
-        event within it), for those with some."""
+        event within it), for those with some (for each process its line with the most)."""
         users = self._index.get(key)
         if not users:
             return []
         got = []
-        for process, samples in users.items():
-            if self._fresh(self._peers[process], now_ms):
-                d = self._demand(samples, now_ms, horizon_ms)
-                if d > 0.0:
-                    got.append(d)
+        for lines in users.values():
+            d = max((self._demand(line.budgets[key], now_ms, horizon_ms) for line in lines
+                     if self._fresh(line, now_ms)), default=0.0)
+            if d > 0.0:
+                got.append(d)
         return got
 
     def own_demand(self, key: BudgetKey, now_ms: int, horizon_ms: int | None = None) -> float:
@@ -502,14 +665,29 @@ class SharedBudgets:
 
     Design A: ``compensate_lag``, ``active_ms`` (default: the quota window). Design B:
     ``floor``, ``demand_horizon_ms`` (None: the whole quota window), ``shares_from_reports``.
-    ``coordinate=False``: each process on its own, as without coordination (to compare)."""
+    ``coordinate=False``: each process on its own, as without coordination (to compare).
+
+    ``charge_cap_windows`` (design A; None: no cap): the others' usage of a budget, as
+    reported and as the lag compensation adds to it, counts at most that many quota windows
+    at the budget's bound (``bound * samples * window``; default 2). Every process enforces
+    the same budget, so together the others cannot have passed more than about one window's
+    worth in one window (the padded first window, and one request per connection past its
+    bound); a report beyond it is a fault or a forgery, and counting it whole would throttle
+    this process's clients for as long as it says (1e12 bytes: saturated throttles of days,
+    outliving the report). Capped, a report can cost a budget about ``charge_cap_windows``
+    windows of throttle while it is fresh. (A peer that really passed more, such as one
+    fetch response of many windows' worth, is under-counted here; its own process throttles
+    that client as Kafka would.)"""
 
     def __init__(self, remote: RemoteUsage, design: Design = Design.GLOBAL_SUM, *,
                  compensate_lag: bool = True, active_ms: int | None = None,
                  floor: float = 0.05, demand_horizon_ms: int | None = None,
                  shares_from_reports: bool = True, coordinate: bool = True,
-                 scale_by_usage: bool = False) -> None:
+                 scale_by_usage: bool = False,
+                 charge_cap_windows: float | None = CHARGE_CAP_WINDOWS) -> None:
         self.remote = remote
+        self.charge_cap_windows = charge_cap_windows
+        self.capped_checks = 0  # quota checks where the others' usage was capped
         # A+: a peer's unseen usage is what this process did since the peer's report, times
         # the peer's usage over this process's in their last reports (connections spread
         # unevenly: 3 + 5)
@@ -559,6 +737,7 @@ class SharedBudgets:
                 # did since its report, and to have as much in flight as this one has
                 unseen, active = self._unseen(key, now_ms)
                 others += unseen + active * in_flight
+            others = self._capped(others, bound, sensor.rate)
             if others <= 0.0:
                 return sensor.headroom(now_ms, bound)
             observed, _ = global_sum(sensor.rate, others + in_flight, oldest, now_ms)
@@ -590,6 +769,7 @@ class SharedBudgets:
             others, oldest = remote.others(key, now_ms)
             if self.compensate_lag:
                 others += self.unseen(key, now_ms)
+            others = self._capped(others, bound, sensor.rate)
             if others <= 0.0:
                 return rate, window_ms, bound
             observed, window = global_sum(sensor.rate, others, oldest, now_ms)
@@ -605,6 +785,16 @@ class SharedBudgets:
         share = demand_share(mine, remote.demands(key, now_ms, horizon), self.floor,
                              remote.live(now_ms))
         return rate, window_ms, bound * share
+
+    def _capped(self, others: float, bound: float, rate: SampledRate) -> float:
+        """``others`` within ``charge_cap_windows`` quota windows at ``bound``."""
+        if self.charge_cap_windows is None:
+            return others
+        cap = self.charge_cap_windows * bound * rate.samples * rate.window_ms / 1000.0
+        if others > cap:
+            self.capped_checks += 1
+            return cap
+        return others
 
     def unseen(self, key: BudgetKey, now_ms: int) -> float:
         """Design A's estimate of the others' usage of ``key`` since their last reports: for

@@ -13,6 +13,24 @@ topic, decides one cluster-wide state for producers. Pure: no I/O, time is passe
 - A known broker whose snapshot is missing or older than ``stale_after_ms`` leaves the state
   unknown: the fail-safe applies (``PAUSE`` by default; ``OPEN`` ignores that broker).
 
+Records are judged before they are trusted (``ClusterVolumes.update``/``tombstone``), since
+anyone who can write to the topic could write them (``docs/security.md``):
+
+- A snapshot stamped more than ``max_skew_ms`` (default 30 s) ahead of the reader's clock is
+  refused and counted: it never takes hold, so it can neither pause producers until its date
+  nor hide a full disk behind a "healthy" date far ahead.
+- A newer snapshot replaces an older one; an older one (replayed) is ignored, except that any
+  snapshot replaces a held one stamped ahead of the reader's clock (a clock that was ahead and
+  came back does not freeze the broker's state until then). A held snapshot found stamped
+  more than ``max_skew_ms`` ahead when the state is decided counts as no data (stale).
+- Only the brokers in the cluster's metadata are waited for and counted; snapshots of other
+  broker ids are kept (a broker may join before the metadata shows it) up to ``max_brokers``,
+  and refused beyond it.
+- A tombstone (a deleted record) is *not* taken to mean "no data now": the broker keeps its
+  last snapshot, which goes stale ``stale_after_ms`` after its stamp as if its agent had
+  stopped; only then does the fail-safe apply. (A broker that leaves the cluster leaves the
+  metadata, and is no longer waited for.)
+
 Limits a snapshot carries apply to its volumes (a volume's own, else the broker's); where it
 carries none, the policy's defaults do.
 
@@ -238,22 +256,54 @@ class Verdict:
 OPEN = Verdict(State.OPEN, 1.0, None, ())
 
 
+MAX_CLOCK_SKEW_MS = 30_000  # what NTP-synced hosts are well within
+MAX_BROKERS = 10_000  # broker ids whose snapshots are held
+
+
+class Judgement(Enum):
+    """What ``ClusterVolumes.update`` did with a snapshot."""
+
+    TAKEN = "taken"
+    OLDER = "older"  # older than the one held: ignored
+    FUTURE = "future"  # stamped beyond the skew allowed: refused
+    TOO_MANY_BROKERS = "too_many_brokers"  # a new broker id past ``max_brokers``: refused
+
+    @property
+    def refused(self) -> bool:
+        return self in (Judgement.FUTURE, Judgement.TOO_MANY_BROKERS)
+
+
 @dataclass
 class ClusterVolumes:
-    """The latest snapshot of every broker, as read from the topic."""
+    """The latest snapshot of every broker, as read from the topic, judged first (see the
+    module's doc)."""
 
     policy: StoragePolicy
     snapshots: dict[int, Snapshot] = field(default_factory=dict)
+    max_skew_ms: int = MAX_CLOCK_SKEW_MS
+    max_brokers: int = MAX_BROKERS
+    tombstones: int = 0
 
-    def update(self, snapshot: Snapshot) -> None:
-        """A newer snapshot replaces an older one; an older one (replayed) is ignored."""
+    def update(self, snapshot: Snapshot, now_ms: int) -> Judgement:
+        """Take ``snapshot`` in at ``now_ms`` (the reader's wall clock, ms): refused when
+        stamped more than ``max_skew_ms`` ahead of it; it replaces the held one when not
+        older, or when the held one is stamped ahead of ``now_ms``."""
+        if snapshot.snapshot_at_ms - now_ms > self.max_skew_ms:
+            return Judgement.FUTURE
         old = self.snapshots.get(snapshot.broker_id)
-        if old is None or snapshot.snapshot_at_ms >= old.snapshot_at_ms:
+        if old is None and len(self.snapshots) >= self.max_brokers:
+            return Judgement.TOO_MANY_BROKERS
+        if (old is None or snapshot.snapshot_at_ms >= old.snapshot_at_ms
+                or old.snapshot_at_ms > now_ms):
             self.snapshots[snapshot.broker_id] = snapshot
+            return Judgement.TAKEN
+        return Judgement.OLDER
 
-    def remove(self, broker_id: int) -> None:
-        """A tombstone: the broker's record was deleted."""
-        self.snapshots.pop(broker_id, None)
+    def tombstone(self, broker_id: int) -> None:
+        """A tombstone: the broker's record was deleted. Its last snapshot is kept, to go
+        stale in its time (a deleted record is no data, not a verdict: see the module's
+        doc)."""
+        self.tombstones += 1
 
     def evaluate(self, now_ms: int, known_brokers: Iterable[int] = (),
                  read: bool = True) -> Verdict:
@@ -271,7 +321,8 @@ class ClusterVolumes:
             if snap is None:
                 missing.append(broker)
                 continue
-            if now_ms - snap.snapshot_at_ms > policy.stale_after_ms:
+            if (now_ms - snap.snapshot_at_ms > policy.stale_after_ms
+                    or snap.snapshot_at_ms - now_ms > self.max_skew_ms):
                 stale.append(broker)
                 continue
             soft = snap.soft if snap.soft is not None else policy.soft

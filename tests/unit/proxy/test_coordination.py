@@ -34,7 +34,8 @@ def other(clocks: Clocks, seq: int, sent_before_ms: int = 0) -> bytes:
                        budgets).encode()
 
 
-def test_a_report_read_counts_from_when_it_was_sent_and_a_tombstone_forgets_it() -> None:
+def test_a_report_read_counts_from_when_it_was_sent_and_a_tombstone_ends_its_liveness(
+        ) -> None:
     clocks = Clocks()
     c = make(clocks)
     c._reader_state(True, True)
@@ -43,8 +44,11 @@ def test_a_report_read_counts_from_when_it_was_sent_and_a_tombstone_forgets_it()
     total, oldest = c.remote.others((111, P, "", "app"), clocks.mono)
     assert (total, oldest) == (400_000.0, clocks.mono - 800)
     assert c.reports_read == 1 and c.report_age_ms_max == 300
-    c.observe(b"other/0/3-4", None, 0)  # it stopped cleanly
-    assert c.remote.others((111, P, "", "app"), clocks.mono) == (0.0, clocks.mono)
+    assert c.remote.peers(clocks.mono) == ["other/0/3-4"]
+    c.observe(b"other/0/3-4", None, 0)  # it stopped cleanly: no longer live, but the bytes
+    assert c.remote.peers(clocks.mono) == []  # it passed count until its report is stale
+    assert c.remote.others((111, P, "", "app"), clocks.mono)[0] == 400_000.0
+    assert c.remote.others((111, P, "", "app"), clocks.mono + 2000) == (0.0, clocks.mono + 2000)
 
 
 def test_a_report_that_does_not_parse_is_counted_and_changes_nothing() -> None:
@@ -69,8 +73,9 @@ def test_fallback_until_the_own_reports_come_back_then_the_metric_says_off() -> 
     assert metric["kafka_proxy_shared_quota_fallback"] == 1  # nothing read yet
     assert metric["kafka_proxy_shared_quota_fallback_processes"] == 2
     c._reader_state(True, True)
-    own = UsageReport("me/0/1-2", 1, clocks.wall, 11, 1000, {}).encode()
-    c.observe(b"me/0/1-2", own, 0)
+    own = UsageReport("me/0/1-2", 1, clocks.wall, 11, 1000, {})
+    c.remote.wrote(own)
+    c.observe(b"me/0/1-2", own.encode(), 0)
     c._note_fallback()
     metric = {m.name: m.samples[0].value for m in c.metric_families()}
     assert metric["kafka_proxy_shared_quota_fallback"] == 0
@@ -89,3 +94,24 @@ def test_the_process_id_names_instance_worker_pid_and_start() -> None:
 def test_staleness_must_cover_two_report_intervals() -> None:
     with pytest.raises(ValueError, match="staleness_ms"):
         CoordinationConfig(report_ms=1000, staleness_ms=1500)
+
+
+def test_refused_reports_are_counted_by_reason_and_logged_at_most_every_ten_seconds(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    clocks = Clocks()
+    c = make(clocks)
+    c._reader_state(True, True)
+    forged = UsageReport("forger/0/1-2", 1, clocks.wall + 3_600_000, 11, 1000,
+                         {(111, P, "", "app"): ((500, 0, 1e12),)}).encode()
+    for _ in range(5):
+        c.observe(b"forger/0/1-2", forged, 0)
+    c.observe(b"me/0/1-2", UsageReport("me/0/1-2", 7, clocks.wall, 11, 1000, {}).encode(), 0)
+    assert c.remote.others((111, P, "", "app"), clocks.mono) == (0.0, clocks.mono)
+    families = {m.name: m for m in c.metric_families()}
+    refused = {s.labels["reason"]: s.value
+               for s in families["kafka_proxy_shared_quota_reports_refused"].samples}
+    assert refused["future"] == 5 and refused["own_id"] == 1
+    assert capsys.readouterr().out.count("shared_quota_report_refused") == 1
+    clocks.wall += 10_000
+    c.observe(b"forger/0/1-2", forged, 0)  # (still an hour ahead)
+    assert "refused_since_last_log=6" in capsys.readouterr().out

@@ -9,6 +9,7 @@ import contextlib
 import heapq
 import itertools
 import struct
+from collections.abc import Mapping
 
 import pytest
 from hypothesis import given, settings
@@ -18,8 +19,12 @@ from quota.entities import EntityKey, QuotaType
 from quota.manager import QuotaManager, QuotaSettings
 from quota.sampled import SampledRate
 from quota.shared import (
+    CHARGE_CAP_WINDOWS,
+    MAX_CLOCK_SKEW_MS,
+    MAX_LINES,
     BudgetKey,
     Design,
+    Refusal,
     RemoteUsage,
     ReportError,
     SharedBudgets,
@@ -44,12 +49,20 @@ def report(process: str, seq: int, budgets: dict[BudgetKey, tuple[tuple[int, int
     return UsageReport(process, seq, 1_700_000_000_000 + seq, samples, window_ms, budgets)
 
 
+def see(remote: RemoteUsage, r: UsageReport, as_of_ms: int, wall_ms: int | None = None
+        ) -> bool:
+    """``remote.observe``; a report under its own id as one it wrote."""
+    if r.process == remote.me:
+        remote.wrote(r)
+    return remote.observe(r, as_of_ms, wall_ms)
+
+
 def reading(me: str = "me", staleness_ms: int = 2000, initial: int = 1,
             now: int = 0) -> RemoteUsage:
     """A ``RemoteUsage`` reading reports, its own last one seen at ``now``."""
     remote = RemoteUsage(me, 11, 1000, staleness_ms, initial_processes=initial)
     remote.set_reading(True, now)
-    remote.observe(report(me, 1, {}), now)
+    see(remote, report(me, 1, {}), now)
     return remote
 
 
@@ -133,7 +146,7 @@ def test_others_usage_within_the_window_ending_now() -> None:
     remote = reading(staleness_ms=60_000)
     # made at 10_000 (local clock): samples that started 3000 and 1000 ms before, with last
     # events 2000 and 0 ms before
-    remote.observe(report("b", 1, {KEY: ((3000, 2000, 400.0), (1000, 0, 100.0))}), 10_000)
+    see(remote, report("b", 1, {KEY: ((3000, 2000, 400.0), (1000, 0, 100.0))}), 10_000)
     assert remote.others(KEY, 10_000) == (500.0, 7000)
     # a sample counts while its last event is less than samples x window old (Kafka purges
     # it then): the first one's last event is at 8000, so until 19_000 exclusive
@@ -143,25 +156,26 @@ def test_others_usage_within_the_window_ending_now() -> None:
     assert remote.others((1, QuotaType.FETCH, "", "app"), 10_000) == (0.0, 10_000)
 
 
-def test_own_report_is_not_counted_and_older_reports_are_ignored() -> None:
+def test_own_report_is_not_counted_and_replays_are_ignored() -> None:
     remote = reading()
-    remote.observe(report("me", 2, {KEY: ((10, 0, 5.0),)}), 1000)
+    see(remote, report("me", 2, {KEY: ((10, 0, 5.0),)}), 1000)
     assert remote.others(KEY, 1000) == (0.0, 1000)
-    assert remote.observe(report("b", 5, {KEY: ((10, 0, 5.0),)}), 1000)
-    assert not remote.observe(report("b", 4, {KEY: ((10, 0, 50.0),)}), 1100)
-    assert not remote.observe(report("c", 1, {KEY: ((10, 0, 50.0),)}, window_ms=500), 1100)
+    assert see(remote, report("b", 5, {KEY: ((10, 0, 5.0),)}), 1000)
+    assert not see(remote, report("b", 5, {KEY: ((10, 0, 5.0),)}), 1100)  # the same again
+    assert not see(remote, report("c", 1, {KEY: ((10, 0, 50.0),)}, window_ms=500), 1100)
     assert remote.ignored == 2
     assert remote.others(KEY, 1000)[0] == 5.0
     # a newer report replaces the older one, budgets it no longer holds included
-    remote.observe(report("b", 6, {}), 1200)
+    see(remote, report("b", 6, {}), 1200)
     assert remote.others(KEY, 1200) == (0.0, 1200)
+    assert remote.conflicts == 0
 
 
 def test_a_process_that_stops_reporting_is_dropped_after_the_staleness() -> None:
     remote = reading(staleness_ms=2000)
-    remote.observe(report("b", 1, {KEY: ((100, 0, 10.0),)}), 5000)
-    remote.observe(report("c", 1, {KEY: ((100, 0, 20.0),)}), 6000)
-    remote.observe(report("me", 2, {}), 6000)
+    see(remote, report("b", 1, {KEY: ((100, 0, 10.0),)}), 5000)
+    see(remote, report("c", 1, {KEY: ((100, 0, 20.0),)}), 6000)
+    see(remote, report("me", 2, {}), 6000)
     assert remote.live(6999) == 3
     assert remote.others(KEY, 6999)[0] == 30.0
     assert remote.peers(6999) == ["b", "c"]
@@ -172,7 +186,7 @@ def test_a_process_that_stops_reporting_is_dropped_after_the_staleness() -> None
     assert remote.dropped == 1
     assert remote.peers(7000) == ["c"]
     # b comes back: counted again
-    remote.observe(report("b", 2, {KEY: ((100, 0, 1.0),)}), 7100)
+    see(remote, report("b", 2, {KEY: ((100, 0, 1.0),)}), 7100)
     assert remote.others(KEY, 7100)[0] == 21.0
 
 
@@ -183,7 +197,7 @@ def test_fallback_quota_over_the_processes_known_live() -> None:
     remote.set_reading(True, 0)
     assert remote.fallback(0)  # reading, but its own report has not come back yet
     for p in ("me", "b", "c"):
-        remote.observe(report(p, 1, {}), 100)
+        see(remote, report(p, 1, {}), 100)
     assert not remote.fallback(100)
     # the topic cannot be read: quota / 3, even once the reports held go stale
     remote.set_reading(False, 500)
@@ -193,9 +207,9 @@ def test_fallback_quota_over_the_processes_known_live() -> None:
     assert fallback_bound(QUOTA, remote.fallback_processes) == QUOTA / 3
     # reading again, but this process's own reports stopped coming back: fallback as well
     remote.set_reading(True, 6000)
-    remote.observe(report("b", 2, {}), 6000)
+    see(remote, report("b", 2, {}), 6000)
     assert remote.fallback(6000)
-    remote.observe(report("me", 2, {}), 6000)
+    see(remote, report("me", 2, {}), 6000)
     assert not remote.fallback(6000)
     assert remote.fallback(8000)  # own report 2000 ms old
 
@@ -223,7 +237,7 @@ def test_design_a_alone_is_kafkas_maths(steps: list[tuple[int, int]], samples: i
     qs = QuotaSettings(samples=samples, window_ms=window_ms, entities={APP: {P: 10_000.0}})
     remote = RemoteUsage("me", samples, window_ms, staleness_ms=10**9)
     remote.set_reading(True, 0)
-    remote.observe(UsageReport("me", 1, 0, samples, window_ms, {}), 0)
+    see(remote, UsageReport("me", 1, 0, samples, window_ms, {}), 0)
     shared = SharedQuotaManager(qs, SharedBudgets(remote).hook(1))
     plain = QuotaManager(qs)
     now = 0
@@ -261,7 +275,7 @@ def test_a_moved_client_is_throttled_at_once_by_the_new_process() -> None:
         b.record(P, "u", "app", 100_000, t)
         one.record(P, "u", "app", 100_000, t)
     remote = reading(now=t)
-    remote.observe(usage_report("b", 1, 0, {1: b}, t), t)
+    see(remote, usage_report("b", 1, 0, {1: b}, t), t)
 
     def manager(coordinate: bool = True, compensate_lag: bool = True) -> SharedQuotaManager:
         return SharedQuotaManager(SETTINGS, SharedBudgets(
@@ -293,8 +307,8 @@ def test_demand_share() -> None:
 
 def test_design_b_bounds_each_process_by_its_share_of_the_reported_demand() -> None:
     remote = reading(now=1000)
-    remote.observe(report("me", 2, {KEY: ((500, 0, 1000.0),)}), 1000)
-    remote.observe(report("b", 1, {KEY: ((500, 0, 3000.0),)}), 1000)
+    see(remote, report("me", 2, {KEY: ((500, 0, 1000.0),)}), 1000)
+    see(remote, report("b", 1, {KEY: ((500, 0, 3000.0),)}), 1000)
     shared = SharedBudgets(remote, Design.DEMAND_SHARE, floor=0.0)
     m = SharedQuotaManager(SETTINGS, shared.hook(1))
     sensor = m.sensor(P, "u", "app", 1000)
@@ -350,7 +364,7 @@ def simulate(processes: int, conns: int, shared: dict[str, object] | None,
         else:
             q, data = pending.pop(who)
             got = UsageReport.decode(data)
-            remotes[q].observe(got, got.sent_ms)
+            see(remotes[q], got, got.sent_ms)
     # whole cycles: from the first burst after 15 s to the last one begun (a burst: a 250 ms
     # bucket above twice the quota after 5 s without one)
     buckets: dict[int, int] = {}
@@ -392,7 +406,7 @@ def test_produce_headroom_counts_the_others_usage_and_their_requests_in_flight()
         b.record(P, "u", "app", 100_000, t)  # 5 MB in 5 s: half of what 10 s of quota allow
     t = 5_000
     remote = reading(now=t)
-    remote.observe(usage_report("b", 1, 0, {1: b}, t), t)
+    see(remote, usage_report("b", 1, 0, {1: b}, t), t)
     shared = SharedBudgets(remote)
     hook, headroom = shared.hooks(1)
     a = QuotaManager(SETTINGS, hook=hook, headroom=headroom)
@@ -439,7 +453,7 @@ def test_a_peer_with_usage_anywhere_in_the_window_counts_as_active() -> None:
     t = 20_000
     remote = reading(now=t)
     # b's last record was 5 s before its report (its client throttled since)
-    remote.observe(report("b", 1, {KEY: ((8_000, 5_000, 500_000.0),)}), t)
+    see(remote, report("b", 1, {KEY: ((8_000, 5_000, 500_000.0),)}), t)
     shared = SharedBudgets(remote)
     hook = shared.hook(1)
     m = SharedQuotaManager(SETTINGS, hook)
@@ -456,17 +470,17 @@ def test_the_fallback_divisor_is_the_most_processes_live_before_reports_stopped(
     the two left when its own report went stale."""
     remote = RemoteUsage("me", staleness_ms=2000, initial_processes=1)
     remote.set_reading(True, 0)
-    remote.observe(report("me", 1, {}), 1000)
+    see(remote, report("me", 1, {}), 1000)
     for p, at in (("b", 500), ("c", 600), ("d", 1000)):
-        remote.observe(report(p, 1, {}), at)
+        see(remote, report(p, 1, {}), at)
     remote.expire(1000)
     assert remote.live(1000) == 4 and remote.fallback_processes == 4
     remote.expire(2650)  # b and c stale already, its own still fresh
     assert remote.live(2650) == 2 and not remote.fallback(2650)
     assert remote.fallback(3000) and remote.fallback_processes == 4
     # a process that left (b, c) counts no more once the staleness has passed
-    remote.observe(report("me", 2, {}), 5000)
-    remote.observe(report("d", 2, {}), 5000)
+    see(remote, report("me", 2, {}), 5000)
+    see(remote, report("d", 2, {}), 5000)
     remote.expire(5000)
     assert remote.fallback_processes == 2
 
@@ -477,12 +491,149 @@ def test_scaled_by_usage_a_peer_is_taken_to_do_its_own_share_since_its_report() 
     its report, not as much (bounded at ten times)."""
     t = 20_000
     remote = reading(now=t - 100)
-    remote.observe(report("me", 2, {KEY: ((3_000, 100, 200_000.0),)}), t)
-    remote.observe(report("b", 1, {KEY: ((3_000, 100, 600_000.0),)}), t)
-    remote.observe(report("c", 1, {KEY: ((3_000, 100, 5_000_000.0),)}), t)
+    see(remote, report("me", 2, {KEY: ((3_000, 100, 200_000.0),)}), t)
+    see(remote, report("b", 1, {KEY: ((3_000, 100, 600_000.0),)}), t)
+    see(remote, report("c", 1, {KEY: ((3_000, 100, 5_000_000.0),)}), t)
     scaled = SharedBudgets(remote, scale_by_usage=True)
     plain = SharedBudgets(remote)
     for shared in (scaled, plain):
         SharedQuotaManager(SETTINGS, shared.hook(1)).record(P, "u", "app", 100_000, t + 10)
     assert plain.unseen(KEY, t + 20) == 200_000  # b and c: as much as this process each
     assert scaled.unseen(KEY, t + 20) == pytest.approx(300_000 + 1_000_000)  # 3x, and 10x
+
+
+# ---------------------------------------------------------------------- judging the reports
+WALL = 1_800_000_000_000  # the reader's wall clock in these tests
+VICTIM: BudgetKey = (1, P, "", "victim")
+
+
+def stamped(process: str, seq: int, sent_ms: int,
+            budgets: Mapping[BudgetKey, tuple[tuple[int, int, float], ...]] | None = None
+            ) -> UsageReport:
+    return UsageReport(process, seq, sent_ms, 11, 1000, budgets or {})
+
+
+def test_a_report_stamped_beyond_the_skew_is_refused_and_counted() -> None:
+    """Issue 26: a fake process charging 1e12 bytes, ``sent_ms`` in the future, re-sent every
+    0.5 s, throttled its victim to 0."""
+    remote = reading()
+    forged = stamped("forger/0/1-2", 1, WALL + 3_600_000, {VICTIM: ((500, 0, 1e12),)})
+    assert not see(remote, forged, 1000, WALL)
+    assert remote.refused[Refusal.FUTURE] == 1
+    assert remote.others(VICTIM, 1000) == (0.0, 1000) and remote.peers(1000) == []
+    # a host whose clock is ahead by less than the skew allowed is counted
+    assert see(remote, stamped("b/0/1-2", 1, WALL + MAX_CLOCK_SKEW_MS, {VICTIM: ((500, 0, 7.0),)}),
+               1000, WALL)
+    assert remote.others(VICTIM, 1000)[0] == 7.0
+
+
+def test_reports_under_the_own_id_are_taken_only_as_written() -> None:
+    """Issue 26: re-publishing a process's own id with a huge seq and no budgets shut its
+    real reports out (and kept it out of the fallback). A process never takes another
+    writer's report under its own id."""
+    remote = RemoteUsage("me", 11, 1000, 2000)
+    remote.set_reading(True, 0)
+    assert not remote.observe(stamped("me", 2**62, WALL), 0, WALL)
+    assert remote.refused[Refusal.OWN_ID] == 1
+    assert remote.fallback(0)  # its own reports have not come back: the forgery is not one
+    mine = stamped("me", 1, WALL)
+    remote.wrote(mine)
+    assert remote.observe(mine, 100, WALL) and not remote.fallback(100)
+    # same seq, another stamp: not the report it wrote
+    assert not remote.observe(stamped("me", 2, WALL + 250), 350, WALL + 250)
+    assert remote.refused[Refusal.OWN_ID] == 2
+
+
+def test_a_huge_seq_under_a_peers_id_does_not_shut_its_reports_out() -> None:
+    """Issue 26: the real process ids re-published with a huge seq and no budgets made the
+    instances ignore each other (a client over two got 2x its quota). The forgery starts a
+    line of its own; the real reports go on counting, each budget the most any line says."""
+    remote = reading()
+    b = "b/0/1700000000000"
+    see(remote, stamped(b, 10, WALL, {KEY: ((500, 0, 400.0),)}), 1000)
+    assert not see(remote, stamped(b, 10, WALL), 1000)  # the same report again: ignored
+    see(remote, stamped(b, 2**62, WALL + 10), 1010)  # the forgery: empty, seq absurd
+    assert remote.conflicts == 1
+    assert remote.others(KEY, 1010)[0] == 400.0
+    assert see(remote, stamped(b, 11, WALL + 250, {KEY: ((750, 0, 600.0),)}), 1250)
+    assert remote.others(KEY, 1250)[0] == 600.0  # b's line moved on
+    assert remote.live(1250) == 2  # one process, however many lines
+    # a plausible next seq forged (read off the topic) replaces b's line with nothing, until
+    # b's own next report, which then starts a line of its own
+    see(remote, stamped(b, 12, WALL + 260), 1260)
+    see(remote, stamped(b, 12, WALL + 500, {KEY: ((1000, 0, 800.0),)}), 1500)
+    assert remote.others(KEY, 1500)[0] == 800.0
+    # seq going back with a later stamp (a second writer) is a line too, never a lock
+    see(remote, stamped(b, 1, WALL + 600, {}), 1600)
+    see(remote, stamped(b, 13, WALL + 750, {KEY: ((1250, 0, 900.0),)}), 1750)
+    assert remote.others(KEY, 1750)[0] == 900.0
+    # the forged lines go stale with the rest
+    remote.expire(3750)
+    assert remote.peers(3750) == [] and not remote._index
+
+
+def test_lines_per_process_are_bounded() -> None:
+    remote = reading()
+    for i in range(3 * MAX_LINES):  # each starts a line: seq jumps by a million each time
+        see(remote, stamped("b", 1 + i * 1_000_000, WALL, {KEY: ((10, 0, float(i)),)}), 1000)
+    assert sum(len(lines) for lines in remote._index[KEY].values()) == MAX_LINES
+    assert remote.others(KEY, 1000)[0] == 3 * MAX_LINES - 1.0  # the latest line is held
+
+
+def test_a_tombstone_ends_liveness_not_usage() -> None:
+    """A tombstone (a process's clean stop, or a forged one) takes it out of the processes
+    live; the bytes it reported count until its report is stale; a report brings it back."""
+    remote = reading()
+    see(remote, stamped("b", 1, WALL, {KEY: ((500, 0, 400.0),)}), 1000)
+    remote.stopped("b")
+    remote.stopped("me")  # (its own: nothing to stop)
+    assert remote.live(1100) == 1 and remote.peers(1100) == []
+    assert remote.others(KEY, 1100)[0] == 400.0
+    assert remote.others(KEY, 3000)[0] == 0.0  # stale
+    see(remote, stamped("b", 2, WALL + 250, {KEY: ((500, 0, 10.0),)}), 1250)
+    assert remote.peers(1250) == ["b"]
+
+
+def test_what_the_others_charge_a_budget_is_capped() -> None:
+    """A report charging 1e12 bytes (with a stamp in time) throttles the victim about
+    ``CHARGE_CAP_WINDOWS`` windows, not for days; and the throttle ends when the report goes
+    stale."""
+    quota = 250_000.0
+    qs = QuotaSettings(entities={EntityKey(None, "victim"): {P: quota}})
+
+    def throttles(cap: float | None) -> list[int]:
+        remote = reading(now=0)
+        see(remote, stamped("me", 2, WALL), 0)
+        see(remote, stamped("forger", 1, WALL, {VICTIM: ((500, 0, 1e12),)}), 0)
+        shared = SharedBudgets(remote, charge_cap_windows=cap)
+        m = SharedQuotaManager(qs, shared.hook(1))
+        return [m.record(P, "u", "victim", 10_000, t) for t in (100, 200)]
+
+    uncapped = throttles(None)
+    assert uncapped[0] > 10**9  # 1e12 / 250 kB/s: weeks
+    capped = throttles(CHARGE_CAP_WINDOWS)
+    assert 0 < capped[0] <= (CHARGE_CAP_WINDOWS + 0.1) * 11_000
+    remote = reading()
+    shared = SharedBudgets(remote)
+    see(remote, stamped("forger", 1, WALL, {VICTIM: ((500, 0, 1e12),)}), 0)
+    m = SharedQuotaManager(qs, shared.hook(1))
+    m.record(P, "u", "victim", 10_000, 100)
+    assert shared.capped_checks == 1
+
+
+def test_what_is_held_is_bounded() -> None:
+    remote = RemoteUsage("me", 11, 1000, 2000, max_processes=2, max_report_budgets=3,
+                         max_held_budgets=4)
+    many = {(1, P, "", f"c{i}"): ((10, 0, 1.0),) for i in range(4)}
+    assert not remote.observe(stamped("a", 1, WALL, many), 0)
+    assert remote.refused[Refusal.OVERSIZED] == 1
+    three = dict(list(many.items())[:3])
+    assert remote.observe(stamped("a", 1, WALL, three), 0)
+    assert not remote.observe(stamped("b", 1, WALL, three), 0)  # 6 budgets held: no room
+    assert remote.observe(stamped("b", 1, WALL, {KEY: ((10, 0, 1.0),)}), 0)
+    assert not remote.observe(stamped("c", 1, WALL), 0)  # a third process
+    assert remote.refused[Refusal.FULL] == 2
+    assert remote.observe(stamped("a", 2, WALL + 250, three), 250)  # a held one goes on
+    remote.expire(5000)
+    assert remote.observe(stamped("c", 1, WALL + 5000, three), 5000)  # room again
+

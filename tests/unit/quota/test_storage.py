@@ -10,7 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quota.storage import (
+    MAX_CLOCK_SKEW_MS,
     ClusterVolumes,
+    Judgement,
     Limit,
     LimitType,
     Snapshot,
@@ -86,6 +88,11 @@ def policy(on_missing: State = State.PAUSE) -> StoragePolicy:
     return StoragePolicy(PCT_SOFT, PCT_HARD, stale_after_ms=120_000, on_missing=on_missing)
 
 
+def take(cluster: ClusterVolumes, snapshot: Snapshot) -> Judgement:
+    """``cluster.update`` as of the snapshot's own stamp (a reader whose clock agrees)."""
+    return cluster.update(snapshot, snapshot.snapshot_at_ms)
+
+
 def snap(broker: int, at: int, *consumed_gb: float, **kw: object) -> Snapshot:
     volumes = tuple(vol(int(c * GB), name=f"/d{i}") for i, c in enumerate(consumed_gb))
     return Snapshot(broker, at, volumes, **kw)  # type: ignore[arg-type]
@@ -93,15 +100,15 @@ def snap(broker: int, at: int, *consumed_gb: float, **kw: object) -> Snapshot:
 
 def test_the_most_constrained_volume_in_the_cluster_wins() -> None:
     cluster = ClusterVolumes(policy())
-    cluster.update(snap(1, 1000, 10, 50))
-    cluster.update(snap(2, 1000, 30, 87.5, 83))  # broker 2's second volume: factor 0.5
-    cluster.update(snap(3, 1000, 60))
+    take(cluster, snap(1, 1000, 10, 50))
+    take(cluster, snap(2, 1000, 30, 87.5, 83))  # broker 2's second volume: factor 0.5
+    take(cluster, snap(3, 1000, 60))
     v = cluster.evaluate(2000, [1, 2, 3])
     assert v.state is State.THROTTLE and v.factor == pytest.approx(0.5)
     assert v.constrained is not None
     assert (v.constrained.broker_id, v.constrained.volume.name) == (2, "/d1")
     assert not v.fail_safe
-    cluster.update(snap(3, 1500, 60, 96))  # any volume past hard: PAUSE
+    take(cluster, snap(3, 1500, 60, 96))  # any volume past hard: PAUSE
     v = cluster.evaluate(2000, [1, 2, 3])
     assert (v.state, v.factor, v.constrained and v.constrained.broker_id) == (
         State.PAUSE, 0.0, 3)
@@ -111,7 +118,7 @@ def test_limits_carried_by_a_snapshot_override_the_policy_per_broker_and_per_vol
     cluster = ClusterVolumes(policy())
     # Broker-wide: hard at 50% free, so 60 GB used pauses; the second volume overrides that.
     loose = Limit(LimitType.MIN_FREE_PERCENTAGE, 1)
-    cluster.update(Snapshot(1, 0, (vol(60 * GB, name="/a"),
+    take(cluster, Snapshot(1, 0, (vol(60 * GB, name="/a"),
                                    Volume("/b", 100 * GB, 60 * GB, None, loose)),
                             None, Limit(LimitType.MIN_FREE_PERCENTAGE, 50)))
     v = cluster.evaluate(0, [1])
@@ -122,8 +129,8 @@ def test_limits_carried_by_a_snapshot_override_the_policy_per_broker_and_per_vol
 @pytest.mark.parametrize("on_missing", [State.PAUSE, State.OPEN])
 def test_stale_and_missing_brokers_apply_the_fail_safe(on_missing: State) -> None:
     cluster = ClusterVolumes(policy(on_missing))
-    cluster.update(snap(1, 0, 83))  # throttling on its own: factor 0.8
-    cluster.update(snap(2, 100_000, 10))
+    take(cluster, snap(1, 0, 83))  # throttling on its own: factor 0.8
+    take(cluster, snap(2, 100_000, 10))
     fresh = cluster.evaluate(110_000, [1, 2])
     assert (fresh.state, fresh.fail_safe) == (State.THROTTLE, False)
     stale = cluster.evaluate(125_000, [1, 2])  # broker 1's snapshot is 125 s old
@@ -144,19 +151,81 @@ def test_transitions_open_throttle_pause_open() -> None:
     cluster = ClusterVolumes(policy())
     states = []
     for t, used in enumerate([50, 85, 90, 96, 99, 70]):
-        cluster.update(snap(1, t * 1000, used))
+        take(cluster, snap(1, t * 1000, used))
         states.append(cluster.evaluate(t * 1000 + 10, [1]).state)
     assert states == [State.OPEN, State.THROTTLE, State.THROTTLE, State.PAUSE, State.PAUSE,
                       State.OPEN]
 
 
-def test_older_snapshots_and_tombstones() -> None:
+def test_older_snapshots_are_ignored() -> None:
     cluster = ClusterVolumes(policy())
-    cluster.update(snap(1, 5000, 96))
-    cluster.update(snap(1, 4000, 10))  # older: ignored
+    take(cluster, snap(1, 5000, 96))
+    assert cluster.update(snap(1, 4000, 10), 5000) is Judgement.OLDER  # replayed
     assert cluster.evaluate(5000, [1]).state is State.PAUSE
-    cluster.remove(1)
-    assert cluster.evaluate(5000, [1]).missing == (1,)
+
+
+YEAR_2099 = 4_070_908_800_000
+NOW = 1_800_000_000_000  # 2027
+
+
+def test_a_snapshot_stamped_beyond_the_skew_never_takes_hold() -> None:
+    """Issue 26: a full disk dated 2099 paused every producer and shut out the agent's fresh
+    snapshots (only a newer stamp replaced it); a "healthy" one dated 2100 hid a full disk."""
+    cluster = ClusterVolumes(policy())
+    take(cluster, snap(1, NOW - 1000, 50))
+    assert cluster.update(snap(1, YEAR_2099, 99.9), NOW) is Judgement.FUTURE
+    assert cluster.evaluate(NOW, [1]).state is State.OPEN
+    assert take(cluster, snap(1, NOW + 1000, 50)) is Judgement.TAKEN  # the agent's next
+    take(cluster, snap(1, NOW + 2000, 99))  # the disk fills: PAUSE ...
+    assert cluster.update(snap(1, YEAR_2099 + 365 * 86_400_000, 10), NOW + 2500) \
+        is Judgement.FUTURE  # ... and a "healthy" 2100 cannot hide it
+    assert cluster.evaluate(NOW + 2500, [1]).state is State.PAUSE
+    # Within the skew allowed (hosts' clocks a little apart) a snapshot is taken.
+    assert cluster.update(snap(1, NOW + 2500 + MAX_CLOCK_SKEW_MS, 50), NOW + 2500) \
+        is Judgement.TAKEN
+    assert cluster.update(snap(2, NOW + MAX_CLOCK_SKEW_MS + 1, 50), NOW) is Judgement.FUTURE
+    assert Judgement.FUTURE.refused and not Judgement.OLDER.refused
+
+
+def test_a_fresh_snapshot_replaces_one_stamped_ahead_of_the_reader() -> None:
+    """A snapshot stamped ahead (within the skew: a clock ahead that came back) is replaced by
+    the agent's next one, though that one is older by its stamp; and one held while the
+    reader's clock was far behind counts as no data once it is beyond the skew."""
+    cluster = ClusterVolumes(policy())
+    take(cluster, snap(1, NOW, 99))
+    assert cluster.update(snap(1, NOW - 20_000, 50), NOW - 25_000) is Judgement.TAKEN
+    assert cluster.evaluate(NOW - 25_000, [1]).state is State.OPEN
+    # (held when it was fresh; the reader's clock then set back by a minute)
+    v = cluster.evaluate(NOW - 20_000 - MAX_CLOCK_SKEW_MS - 1, [1])
+    assert v.stale == (1,) and v.fail_safe and v.state is State.PAUSE
+
+
+@pytest.mark.parametrize("on_missing", [State.PAUSE, State.OPEN])
+def test_a_tombstone_is_no_data_only_after_the_staleness(on_missing: State) -> None:
+    """Issue 26: a tombstone forced the fail-safe PAUSE at once. It is counted; the broker's
+    last snapshot holds until it is stale, as if its agent had stopped, then the fail-safe."""
+    cluster = ClusterVolumes(policy(on_missing))
+    take(cluster, snap(1, NOW, 50))
+    cluster.tombstone(1)
+    assert cluster.tombstones == 1
+    v = cluster.evaluate(NOW + 1000, [1])
+    assert (v.state, v.fail_safe) == (State.OPEN, False)
+    v = cluster.evaluate(NOW + 120_001, [1])
+    assert v.stale == (1,) and v.fail_safe
+    assert v.state is on_missing
+    take(cluster, snap(1, NOW + 120_500, 50))  # the agent again
+    assert not cluster.evaluate(NOW + 121_000, [1]).fail_safe
+
+
+def test_brokers_not_in_the_metadata_are_not_counted_and_are_bounded() -> None:
+    cluster = ClusterVolumes(policy(), max_brokers=3)
+    take(cluster, snap(1, NOW, 50))
+    take(cluster, snap(999, NOW, 99.9))  # no such broker in the cluster
+    assert cluster.evaluate(NOW, [1]).state is State.OPEN
+    take(cluster, snap(998, NOW, 10))
+    assert take(cluster, snap(997, NOW, 10)) is Judgement.TOO_MANY_BROKERS
+    assert sorted(cluster.snapshots) == [1, 998, 999]
+    assert take(cluster, snap(1, NOW + 1, 10)) is Judgement.TAKEN  # a held broker: still
 
 
 LIMITS_ST = st.one_of(st.none(), st.builds(
@@ -206,7 +275,7 @@ def test_malformed_messages_say_what_is_wrong(text: bytes, complaint: str) -> No
 @pytest.mark.parametrize("on_missing", [State.PAUSE, State.OPEN])
 def test_before_the_topic_is_read_the_fail_safe_applies(on_missing: State) -> None:
     cluster = ClusterVolumes(policy(on_missing))
-    cluster.update(snap(1, 0, 10))
+    take(cluster, snap(1, 0, 10))
     for known in ([1, 2], []):  # with or without metadata yet
         v = cluster.evaluate(0, known, read=False)
         assert v.fail_safe and v.missing == tuple(known)
