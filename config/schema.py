@@ -373,6 +373,12 @@ class QuotasConfig(_Model):
         default=100, ge=0, le=10_000,
         description="Per-entity quota metrics are exported for this many busiest budgets.",
     )
+    sensor_idle_expiry_seconds: float = Field(
+        default=3600.0, ge=1, le=86_400,
+        description="A quota budget (one per user/client-id entity) not recorded into for this "
+        "long is dropped, as Kafka drops inactive quota sensors after an hour; what bounds the "
+        "budgets of client-ids and users that come and go.",
+    )
     watch_seconds: float = Field(
         default=2.0, ge=0,
         description="How often the config file is checked for changes (0: only on SIGHUP).",

@@ -90,6 +90,7 @@ async def _run(seconds: float, out: Path) -> tuple[int, bool]:
     config_path.write_text(config_yaml(bootstrap_port, (first, last), broker.bootstrap, out,
                                        ALICE_QUOTA))
     proxy = Proxy(load_config(str(config_path)), str(config_path))
+    proxy.stats.track_clients(len(CLIENTS) + 16)  # the table's per-client rates
     stop_producers, stop_consumers = threading.Event(), threading.Event()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -47,8 +47,12 @@ class ProxyStats:
         self.requests: dict[int, int] = defaultdict(int)  # api key -> count
         self.request_bytes: dict[int, int] = defaultdict(int)
         self.response_bytes: dict[int, int] = defaultdict(int)
-        # client id -> [request bytes, response bytes, requests] (for the demo's per-client rates)
+        # client id -> [request bytes, response bytes, requests]: the demo's per-client rates,
+        # kept only once asked for (``track_clients``) and for at most ``per_client_limit`` ids
+        # (client-ids are the client's to choose: an unbounded map would grow with their churn)
         self.per_client: dict[str, list[int]] = {}
+        self.per_client_limit = 0
+        self._untracked = [0, 0, 0]  # what the client-ids not kept add up to (never read)
         self.latency_buckets: dict[int, list[int]] = {}  # api key -> counts per bucket (+Inf last)
         self.latency_sum: dict[int, float] = defaultdict(float)
         self.rewritten: dict[int, int] = {}
@@ -71,6 +75,8 @@ class ProxyStats:
         # the busiest budgets: (broker, quota, user, client_id, rate, limit, throttled, ms)
         self.quota_entities: Callable[[], list[EntityRow]] = list
         self.brokers_known: Callable[[], int] = lambda: 0
+        # structure -> entries, of those keyed by client-chosen names (client-id, user, address)
+        self.state_entries: Callable[[], dict[str, int]] = dict
         # Each configured feature's own metric families (fetch routing, capture, storage),
         # collected at scrape time after the runtime's.
         self.feature_families: list[Callable[[], Iterable[Any]]] = []
@@ -86,10 +92,17 @@ class ProxyStats:
         self.loop_lag_buckets[bisect_left(LATENCY_BUCKETS, seconds)] += 1
         self.loop_lag_sum += seconds
 
+    def track_clients(self, limit: int = 1000) -> None:
+        """Keep per-client figures (``per_client``) for the first ``limit`` client-ids seen."""
+        self.per_client_limit = limit
+
     def client(self, client_id: str | None) -> list[int]:
+        """The figures of one client-id: its own while tracked, else a shared scratch list."""
         key = client_id or ""
         c = self.per_client.get(key)
         if c is None:
+            if len(self.per_client) >= self.per_client_limit:
+                return self._untracked
             c = self.per_client[key] = [0, 0, 0]
         return c
 
@@ -228,6 +241,10 @@ class _Collector(Collector):
                      "Reloads of the SASL credentials file, by result", "result",
                      s.credentials_reloads)
         yield from _entity_families(s.quota_entities())
+        yield family(GaugeMetricFamily, "kafka_proxy_client_state_entries",
+                     "Entries held per structure keyed by client-chosen names (client-id, "
+                     "user, address): each bounded or expiring", "structure",
+                     {"per_client": len(s.per_client), **s.state_entries()})
         g = GaugeMetricFamily("kafka_proxy_upstream_brokers", "Upstream brokers known")
         g.add_metric([], s.brokers_known())
         yield g

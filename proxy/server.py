@@ -90,8 +90,10 @@ class Proxy:
         self.worker = worker
         self.reuse_port = worker is not None
         self.stats = ProxyStats()
-        self.quotas = QuotaEnforcer(config.quotas.settings())
+        self.quotas = QuotaEnforcer(config.quotas.settings(),
+                                    int(config.quotas.sensor_idle_expiry_seconds * 1000))
         self.stats.quota_entities = self._quota_entity_rows
+        self.stats.state_entries = self._client_state_entries
         self.routing = FetchRouting(config.racks)
         self.capture: Capture | None = None
         if self.routing.enabled:
@@ -345,14 +347,26 @@ class Proxy:
 
     # ------------------------------------------------------------------ quotas
     async def _expire_loop(self) -> None:
-        """Drop quota budgets idle for an hour (Kafka's inactive sensor expiry), and controller
-        mutation budgets back at a full bucket (the same as a new one)."""
+        """Drop quota budgets idle for ``quotas.sensor_idle_expiry_seconds`` (Kafka's inactive
+        sensor expiry, an hour), and controller mutation budgets back at a full bucket (the
+        same as a new one): every minute, or every half of the expiry when shorter."""
         while True:
-            await asyncio.sleep(60)
+            expiry_s = self.config.quotas.sensor_idle_expiry_seconds
+            await asyncio.sleep(min(60.0, expiry_s / 2))
             now = now_ms()
-            self.quotas.expire(now)
+            self.quotas.expire(now, int(self.config.quotas.sensor_idle_expiry_seconds * 1000))
             self.connection_rates.expire()
             self.mutations.quotas.expire(now)
+
+    def _client_state_entries(self) -> dict[str, int]:
+        """Entries of the structures keyed by client-chosen names (client-id, user, address):
+        each bounded or expiring (docs/security.md, "Bounded per-client state")."""
+        budgets, cached = self.quotas.entries()
+        return {"quota_budgets": budgets, "quota_caches": cached,
+                "mutation_budgets": len(self.mutations.quotas.budgets()),
+                "ip_rate_sensors": len(self.connection_rates.rates.ips),
+                "fetch_redirects": self.routing.redirect_entries(),
+                "fetch_rack_pairs": len(self.routing.fetch_bytes)}
 
     def _quota_entity_rows(self) -> list[EntityRow]:
         rows: list[EntityRow] = []

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from quota.entities import QuotaType
 from quota.manager import (
+    ONE_HOUR_MS,
     BudgetHook,
     HeadroomHook,
     QuotaManager,
@@ -36,8 +37,9 @@ class SensorView:
 
 
 class QuotaEnforcer:
-    def __init__(self, settings: QuotaSettings) -> None:
+    def __init__(self, settings: QuotaSettings, idle_expiry_ms: int = ONE_HOUR_MS) -> None:
         self.settings = settings
+        self.idle_expiry_ms = idle_expiry_ms  # ``quotas.sensor_idle_expiry_seconds``
         self.managers: dict[int, QuotaManager] = {}
         self.generation = 0  # bumped on every config change
         self._enabled = {qt: False for qt in QuotaType}
@@ -93,8 +95,9 @@ class QuotaEnforcer:
         m = self.managers.get(scope)
         if m is None:
             hook, headroom = self.shared(scope) if self.shared is not None else (None, None)
-            m = self.managers[scope] = QuotaManager(self.settings, storage=self.storage,
-                                                    hook=hook, headroom=headroom)
+            m = self.managers[scope] = QuotaManager(self.settings, self.idle_expiry_ms,
+                                                    storage=self.storage, hook=hook,
+                                                    headroom=headroom)
         return m
 
     def update(self, settings: QuotaSettings) -> None:
@@ -121,8 +124,22 @@ class QuotaEnforcer:
             limited |= {QuotaType.PRODUCE}
         return limited
 
-    def expire(self, now: int) -> int:
+    def expire(self, now: int, idle_expiry_ms: int | None = None) -> int:
+        """Drop the budgets idle for ``idle_expiry_ms`` (given: from now on), every broker's."""
+        if idle_expiry_ms is not None:
+            self.idle_expiry_ms = idle_expiry_ms
+            for m in self.managers.values():
+                m.idle_expiry_ms = idle_expiry_ms
         return sum(m.expire(now) for m in self.managers.values())
+
+    def entries(self) -> tuple[int, int]:
+        """(budgets, cache entries) held over every broker's manager: what client-ids and
+        users cost the quota state (``kafka_proxy_client_state_entries``)."""
+        budgets = cached = 0
+        for m in self.managers.values():
+            budgets += len(m.sensors)
+            cached += m.cache_entries()
+        return budgets, cached
 
     def top_sensors(self, limit: int, now: int) -> list[SensorView]:
         """The ``limit`` busiest budgets by current rate (for bounded-cardinality metrics)."""

@@ -18,6 +18,10 @@ from quota.sampled import SampledRate
 from quota.throttle import INT32_MAX, java_round, rate_per_second, throttle_time_ms
 
 ONE_HOUR_MS = 3_600_000
+# Entries the (quota type, user, client-id) caches hold at most: past it they start afresh
+# (client-ids and users are the clients' to choose; entities sharing one budget, e.g. every
+# client-id of a user with a user quota, never let that budget's sensor expire)
+CACHE_LIMIT = 100_000
 
 
 class Current:
@@ -124,7 +128,8 @@ class QuotaManager:
         self.settings = settings
         self._by_type = {qt: settings.for_type(qt) for qt in QuotaType}
         # (quota type, user, client-id) -> resolution, and -> the sensor of its budget (one
-        # lookup on the hot path); both cleared on config change and expiry
+        # lookup on the hot path); both cleared on config change and expiry, and each when it
+        # reaches CACHE_LIMIT entries
         self._resolved: dict[tuple[QuotaType, str, str], Resolution] = {}
         self._sensor_of: dict[tuple[QuotaType, str, str], Sensor] = {}
         self.storage = StorageScaling() if storage is None else storage
@@ -182,6 +187,8 @@ class QuotaManager:
         key = (quota_type, user, client_id)
         found = self._resolved.get(key)
         if found is None:
+            if len(self._resolved) >= CACHE_LIMIT:
+                self._resolved.clear()
             found = self._resolved[key] = resolve(
                 self._by_type[quota_type], quota_type, user, client_id)
         return found
@@ -204,6 +211,8 @@ class QuotaManager:
                 quota_type, resolution.tags,
                 SampledRate(self.settings.samples, self.settings.window_ms),
                 resolution.limit, resolution.entity, now_ms)
+        if len(self._sensor_of) >= CACHE_LIMIT:
+            self._sensor_of.clear()
         self._sensor_of[who] = sensor
         return sensor
 
@@ -314,6 +323,10 @@ class QuotaManager:
             self._resolved.clear()  # keeps the caches bounded by the live client-ids
             self._sensor_of.clear()
         return len(idle)
+
+    def cache_entries(self) -> int:
+        """Entries of the (quota type, user, client-id) caches (each at most CACHE_LIMIT)."""
+        return len(self._resolved) + len(self._sensor_of)
 
     def __iter__(self) -> Iterator[Sensor]:
         return iter(self.sensors.values())

@@ -56,6 +56,12 @@ if TYPE_CHECKING:
 
 _FETCH = int(ApiKey.FETCH)
 BOUNCE_MS = 60_000
+# Redirects remembered at most (client-id, topic, partition): past it those older than
+# BOUNCE_MS go, and if still past half of it, the oldest ones too
+REDIRECTED_LIMIT = 100_000
+# The label of fetch bytes from client racks no broker, rule or proxy names (a Fetch v11+
+# rack_id is the client's to choose: one label each would grow the metric without bound)
+OTHER_RACK = "other"
 UNREACHABLE_MS = 30_000
 
 
@@ -73,6 +79,8 @@ class FetchRouting:
         self._unreachable_since: dict[int, int] = {}
         # figures for the metrics
         self.fetch_bytes: dict[tuple[str, str], int] = {}  # (client rack, broker rack) -> bytes
+        self._known_racks: frozenset[str] = frozenset()
+        self._known_of: tuple[int, ClientRacks] | None = None
         self.decisions: dict[str, int] = {"preferred_replica": 0, "broker_choice_kept": 0,
                                           "bounced_to_leader": 0}
         self.unparsed_requests = 0
@@ -166,7 +174,7 @@ class FetchRouting:
             if plan is None and self._bounced(client_id, key, now):
                 self.decisions["bounced_to_leader"] += 1
                 return None
-            if len(self._redirected) > 100_000:
+            if len(self._redirected) > REDIRECTED_LIMIT:
                 self._prune(now)
             self._redirected[(client_id, topic, partition)] = now
             self.decisions["preferred_replica"] += 1
@@ -174,14 +182,36 @@ class FetchRouting:
 
         return choose
 
+    def redirect_entries(self) -> int:
+        """Redirects remembered (at most REDIRECTED_LIMIT + 1)."""
+        return len(self._redirected)
+
     def _prune(self, now: int) -> None:
-        self._redirected = {k: t for k, t in self._redirected.items()
-                            if now - t < self.bounce_ms}
+        kept = {k: t for k, t in self._redirected.items() if now - t < self.bounce_ms}
+        if len(kept) > REDIRECTED_LIMIT // 2:  # the newest (insertion order: near enough)
+            kept = dict(list(kept.items())[-(REDIRECTED_LIMIT // 2):])
+        self._redirected = kept
 
     # ------------------------------------------------------------------ figures
     def count_fetch(self, client_rack: str | None, serving_node: int, size: int) -> None:
-        key = (client_rack or "", self.topology.rack(serving_node) or "")
+        key = (self.metric_rack(client_rack), self.topology.rack(serving_node) or "")
         self.fetch_bytes[key] = self.fetch_bytes.get(key, 0) + size
+
+    def metric_rack(self, client_rack: str | None) -> str:
+        """The client's rack as the metrics label it: empty when unknown, OTHER_RACK when no
+        broker (advertised or overridden), ``racks.clients`` rule or the proxy names it."""
+        if not client_rack:
+            return ""
+        topology = self.topology
+        if self._known_of != (topology.generation, self.racks):
+            known = {r for r in (*topology.advertised_racks.values(),
+                                 *topology.rack_overrides.values()) if r}
+            known.update(rule.rack for rule in self.racks.rules)
+            if self.racks.proxy_rack:
+                known.add(self.racks.proxy_rack)
+            self._known_racks = frozenset(known)
+            self._known_of = (topology.generation, self.racks)
+        return client_rack if client_rack in self._known_racks else OTHER_RACK
 
     @property
     def cross_rack_bytes(self) -> int:
@@ -192,7 +222,8 @@ class FetchRouting:
         c = CounterMetricFamily(
             "kafka_proxy_fetch_bytes",
             "Consumer fetch response bytes, by the client's rack and the serving broker's rack "
-            "(empty: unknown)", labels=["client_rack", "broker_rack"])
+            "(empty: unknown; client_rack other: a rack no broker, racks.clients rule or the "
+            "proxy names)", labels=["client_rack", "broker_rack"])
         for (client_rack, broker_rack), n in sorted(self.fetch_bytes.items()):
             c.add_metric([client_rack, broker_rack], n)
         yield c
@@ -237,6 +268,8 @@ class FetchRoutingFilter(Filter):
         """Where the replica selector sends partitions of this consumer's fetch session
         elsewhere, have the response rewritten, and (``patchable``) return the request to
         forward instead, asking the leader for nothing of them."""
+        if entry.answer is not None:  # answered by the proxy (a client posing as a follower)
+            return None
         routing = self.routing
         client = self.client
         try:
