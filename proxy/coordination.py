@@ -226,7 +226,8 @@ class Coordination:
         now = self.clock()
         self.last_report_ms = now
         self.seq += 1
-        report = usage_report(self.process, self.seq, self.wall(), self.quotas.managers, now)
+        report = usage_report(self.process, self.seq, self.wall(), self.quotas.managers, now,
+                              settings=self.quotas.settings)
         self.shared.reported(now)
         self.remote.expire(now)
         self._note_fallback()

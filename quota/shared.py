@@ -211,12 +211,15 @@ def kafka_window(elapsed_ms: int, samples: int, window_ms: int) -> int:
 
 
 def usage_report(process: str, seq: int, sent_ms: int, managers: Mapping[int, QuotaManager],
-                 now_ms: int, min_fraction: float = 0.0) -> UsageReport:
+                 now_ms: int, min_fraction: float = 0.0,
+                 settings: QuotaSettings | None = None) -> UsageReport:
     """The report of a process whose quota managers (one per broker) are ``managers``, made
     at ``now_ms`` on their clock. Limited budgets with usage in the window only;
     ``min_fraction``: also leave out those whose own rate is below that fraction of their
-    bound (the others then miss at most ``live * min_fraction`` of the quota)."""
-    defaults = QuotaSettings()
+    bound (the others then miss at most ``live * min_fraction`` of the quota). The quota
+    window reported is the managers' (``settings``' while there is none: without it, Kafka's
+    default, which a reader with another window ignores)."""
+    defaults = settings if settings is not None else QuotaSettings()
     shape = (defaults.samples, defaults.window_ms)
     budgets: dict[BudgetKey, tuple[ReportedSample, ...]] = {}
     for broker, manager in managers.items():

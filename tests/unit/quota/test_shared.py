@@ -139,6 +139,9 @@ def test_usage_report_holds_the_live_samples_of_limited_budgets_relative_to_now(
     # min_fraction: a budget below that share of its bound is left out
     assert usage_report("me", 9, 123, {1: m}, 4000, min_fraction=0.01).budgets == {}
     assert usage_report("me", 9, 123, {1: m}, 4000, min_fraction=1e-6).budgets != {}
+    # no manager yet (no client): the window of the settings, that readers do not ignore
+    empty = usage_report("me", 10, 123, {}, 4000, settings=m.settings)
+    assert (empty.samples, empty.window_ms) == (3, 1000)
 
 
 # ---------------------------------------------------------------------- the others' reports
