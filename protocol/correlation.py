@@ -32,6 +32,7 @@ class InFlight:
         "proxy_ms",
         "quota_reservation",
         "recorded",
+        "refused",
         "request_size",
         "response_size",
         "route",
@@ -80,6 +81,9 @@ class InFlight:
         # (without size prefix), which replaces the broker's response to the filler sent in
         # its place
         self.answer: bytes | None = None
+        # what a filter took out of the request before forwarding it (the topic guard's
+        # refused topics), for the rewriter's ``amend`` to put their results in the response
+        self.refused: Any = None
 
     def __repr__(self) -> str:
         return (

@@ -173,13 +173,14 @@ def produce_request_walk(version: int, parts: PartitionBytes) -> Walk:
 class Walker:
     """Drives a walk over chunks; ``feed`` says how far the walk consumed a chunk."""
 
-    __slots__ = ("_gen", "_partial", "_want", "done")
+    __slots__ = ("_gen", "_partial", "_want", "at", "done")
 
     def __init__(self, walk: Walk) -> None:
         self._gen = walk
         self._partial = b""
         self._want = 0
         self.done = False
+        self.at = 0  # where (in the buffer fed) the bytes the walk last received ended
         self._advance(None)
 
     def _advance(self, value: bytes | None) -> None:
@@ -211,5 +212,6 @@ class Walker:
                     break
                 data = self._partial + piece if self._partial else piece
                 self._partial = b""
+                self.at = i
                 self._advance(data)
         return i

@@ -22,7 +22,7 @@ class Interest(IntFlag):
     """What a feature needs of the frames of one (api_key, api_version)."""
 
     NONE = 0
-    REQUEST_FRAME = 1  # a copy of the whole request frame (never of a follower broker's Fetch)
+    REQUEST_FRAME = 1  # a copy of the whole request frame
     PRODUCE_PARTITIONS = 2  # Produce requests walked as they pass: bytes per partition
     FETCH_PARTITIONS = 4  # Fetch responses walked as they pass: bytes per partition
     RESPONSE_FRAME = 8  # every response held whole: the filters' response_frame, then the rewriter
@@ -31,6 +31,11 @@ class Interest(IntFlag):
     # frame can always be replaced), and their responses held whole (replaced by the answer);
     # implies REQUEST_FRAME and RESPONSE_FRAME
     ANSWERED = 32
+    # requests read whole before any byte goes upstream (at most 1 MiB: see
+    # ``request_stream.WHOLE_FRAME_MAX``), so that their frame can be replaced
+    WHOLE_REQUEST = 64
+    # Produce frames followed as they pass, their topics given to ``watch_produce``
+    PRODUCE_TOPICS = 128
 
 
 Declaration = Callable[[int, int], Interest]
@@ -41,8 +46,9 @@ class InterestTable:
     per listener; what the streams ask per frame is answered from plain sets and booleans (the
     enum's operators are Python-level code, too slow for the hot path)."""
 
-    __slots__ = ("_answered", "_request_frames", "fetch_partitions", "produce_partitions",
-                 "response_frames", "response_tails", "wants_answered", "wants_request_frames")
+    __slots__ = ("_answered", "_request_frames", "_whole", "fetch_partitions",
+                 "produce_partitions", "produce_topics", "response_frames", "response_tails",
+                 "wants_answered", "wants_request_frames", "wants_whole")
 
     def __init__(self, declarations: Iterable[Declaration]) -> None:
         declared = list(declarations)
@@ -51,6 +57,7 @@ class InterestTable:
         frames: set[tuple[int, int]] = set()
         tails: set[tuple[int, int]] = set()
         answered: set[tuple[int, int]] = set()
+        whole: set[tuple[int, int]] = set()
         for api_key, (_, _, top, _, _) in API_TABLE.items():
             for version in range(top + 1):
                 interest = Interest.NONE
@@ -59,6 +66,8 @@ class InterestTable:
                 if interest & Interest.ANSWERED:
                     answered.add((api_key, version))
                     interest |= Interest.REQUEST_FRAME | Interest.RESPONSE_FRAME
+                if interest & (Interest.ANSWERED | Interest.WHOLE_REQUEST):
+                    whole.add((api_key, version))
                 wanted |= interest
                 if interest & Interest.REQUEST_FRAME:
                     request_frames.add((api_key, version))
@@ -73,6 +82,9 @@ class InterestTable:
         self.wants_request_frames = bool(request_frames)
         self._answered = frozenset(answered)
         self.wants_answered = bool(answered)
+        self._whole = frozenset(whole)
+        self.wants_whole = bool(whole)
+        self.produce_topics = bool(wanted & Interest.PRODUCE_TOPICS)
         self.produce_partitions = bool(wanted & Interest.PRODUCE_PARTITIONS)
         self.fetch_partitions = bool(wanted & Interest.FETCH_PARTITIONS)
 
@@ -84,6 +96,10 @@ class InterestTable:
     def answered(self, api_key: int, api_version: int) -> bool:
         """Whether requests of this API and version are answered by the proxy (read whole)."""
         return (api_key, api_version) in self._answered
+
+    def whole(self, api_key: int, api_version: int) -> bool:
+        """Whether requests of this API and version are read whole before forwarding."""
+        return (api_key, api_version) in self._whole
 
 
 def addresses(api_key: int, api_version: int) -> Interest:

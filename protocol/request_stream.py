@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from typing import Any
 
 from protocol import apis
 from protocol.correlation import CorrelationTable, InFlight
@@ -14,6 +15,7 @@ from protocol.framing import DEFAULT_MAX_FRAME_BYTES, NOTHING, Buffer, check_siz
 from protocol.headers import HeaderProgress, RequestHeader, parse_request_header, produce_acks
 from protocol.incremental import PartitionBytes, Walker, produce_request_walk
 from protocol.primitives import INT32
+from protocol.topic_guard import SPOILED
 
 # The most a legal request header (plus Produce's transactional_id and acks) can take: two
 # strings of at most 32767 bytes, fixed fields and header tagged fields. Beyond this an
@@ -23,6 +25,7 @@ _MAX_HEADER_BYTES = 2 * 32767 + 4096
 WHOLE_FRAME_MAX = 1 << 20
 
 _PRODUCE = int(apis.ApiKey.PRODUCE)
+_SPOILED = SPOILED
 _FETCH = int(apis.ApiKey.FETCH)
 
 
@@ -42,11 +45,14 @@ class RequestStream:
         "_progress",
         "_remaining",
         "_table",
+        "_watch",
+        "_watching",
         "_whole",
         "_whole_until",
         "captured",
         "captured_at",
         "measured",
+        "watched",
     )
 
     def __init__(
@@ -56,6 +62,7 @@ class RequestStream:
         capture: Callable[[InFlight], bool] | None = None,
         measure_produce: bool = False,
         whole: Callable[[int, int], bool] | None = None,
+        watch_produce: Callable[[int], Any] | None = None,
     ) -> None:
         self._table = table
         # ``whole(api_key, api_version)`` True: the frame is read whole before any of it is
@@ -90,6 +97,14 @@ class RequestStream:
         # (entry, the walk so far: None once it failed, partitions so far)
         self._measuring: tuple[InFlight, Walker | None, PartitionBytes] | None = None
         self.measured: list[InFlight] = []
+        # ``watch_produce(api_version)``: a watch (``protocol.topic_guard.ProduceTopics``) that
+        # follows each Produce frame as it passes; the bytes it asks to spoil are changed
+        # before they are forwarded. ``(entry, watch)`` is appended to ``watched`` when the
+        # frame ended naming a topic the watch refused, or as soon as it stops parsing (the
+        # caller empties it, and must close the connection on ``watch.failed``).
+        self._watch = watch_produce
+        self._watching: tuple[InFlight, Any] | None = None
+        self.watched: list[tuple[InFlight, Any]] = []
 
     @property
     def buffered(self) -> int:
@@ -123,6 +138,10 @@ class RequestStream:
         self._pending = bytearray()
         self._whole_until = 0
 
+    def watch(self, watch_produce: Callable[[int], Any]) -> None:
+        """Follow Produce frames with ``watch_produce`` (see ``watched``) from now on."""
+        self._watch = watch_produce
+
     @property
     def measuring(self) -> InFlight | None:
         """The produce request whose frame is being measured but has not ended yet, if any."""
@@ -134,7 +153,27 @@ class RequestStream:
         return bool(self._held)
 
     def feed(self, data: bytes, stop_after_frame: bool = False,
-             max_frames: int = 0) -> tuple[Buffer, list[InFlight]]:
+             max_frames: int = 0) -> tuple[Buffer | bytearray, list[InFlight]]:
+        """Take client bytes; return the bytes to forward and the requests seen (see
+        ``_feed``), with the bytes a Produce watch spoils changed."""
+        forward: Buffer | bytearray
+        forward, events = self._feed(data, stop_after_frame, max_frames)
+        watching = self._watching
+        if watching is not None or self.watched:
+            spoil = [] if watching is None else watching[1].spoil
+            for _, watch in self.watched:
+                spoil += watch.spoil
+                watch.spoil = []
+            if spoil:
+                out = bytearray(forward)
+                for at in spoil:
+                    out[at] = _SPOILED
+                spoil.clear()
+                forward = out
+        return forward, events
+
+    def _feed(self, data: bytes, stop_after_frame: bool = False,
+              max_frames: int = 0) -> tuple[Buffer, list[InFlight]]:
         """Take client bytes; return the bytes to forward and the requests seen.
 
         With ``stop_after_frame`` the stream stops at the end of the first frame that completes
@@ -185,6 +224,8 @@ class RequestStream:
                 self._capture_more(data, n)
             if self._measuring is not None:
                 self._measure_more(data, n)
+            if self._watching is not None:
+                self._watch_more(data, n)
             return data, events
         pos = rem
         self._remaining = 0
@@ -192,6 +233,8 @@ class RequestStream:
             self._capture_more(data, rem)
         if rem and self._measuring is not None:
             self._measure_more(data, rem)
+        if rem and self._watching is not None:
+            self._watch_more(data, rem)
         if rem and max_frames == 1:
             self._held = data[rem:]
             return memoryview(data)[:rem], events
@@ -251,6 +294,9 @@ class RequestStream:
                 self._measuring = (
                     entry, Walker(produce_request_walk(header.api_version, parts)), parts)
                 self._measure_more(data, limit, pos + 4, end > n)
+            if self._watch is not None and api_key == _PRODUCE:
+                self._watching = (entry, self._watch(header.api_version))
+                self._watch_more(data, limit, pos + 4, end > n)
             if end > n:
                 self._remaining = end - n
                 pos = n
@@ -325,6 +371,21 @@ class RequestStream:
         self._measuring = None
         entry.partitions = parts if walker is not None and walker.done else None
         self.measured.append(entry)
+
+    def _watch_more(self, data: bytes, upto: int, start: int = 0,
+                    more: bool | None = None) -> None:
+        """Bytes ``[start, upto)`` of ``data`` continue the Produce frame being watched."""
+        assert self._watching is not None
+        entry, watch = self._watching
+        watch.feed(data, start, upto)
+        if self._remaining if more is None else more:
+            if watch.failed:
+                self._watching = None
+                self.watched.append((entry, watch))
+            return
+        self._watching = None
+        if watch.refused or watch.failed or not watch.done:
+            self.watched.append((entry, watch))
 
     def _capture_more(self, data: bytes, upto: int) -> None:
         """The next ``upto`` bytes of ``data`` continue the frame being captured."""

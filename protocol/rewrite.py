@@ -327,6 +327,12 @@ class ResponseRewriter:
         self.rewritten: dict[int, int] = {}  # api key -> responses changed
         # sees every decoded MetadataResponse (the cluster topology for fetch routing)
         self.on_metadata: Callable[[Any], None] | None = None
+        # (entry, decoded MetadataResponse) -> the MetadataResponse clients get (the topic
+        # guard leaves the proxy's topics out)
+        self.metadata_filter: Callable[[InFlight, Any], Any] | None = None
+        # (entry, frame) -> the response with what a filter took out of the request
+        # (``entry.refused``) answered (the topic guard); called first, for those entries
+        self.amend: Callable[[InFlight, bytes | memoryview], bytes | None] | None = None
 
     def rewrite_tail(self, entry: InFlight, tail: bytes) -> bytes:
         """Rewrite the top-level tagged fields ``tail`` of a streamed response into exactly
@@ -374,9 +380,15 @@ class ResponseRewriter:
             entry.response_size = len(answer) + 4  # what the client gets
             return answer
         new = None
-        if apis.needs_response_rewrite(entry.api_key, entry.api_version):
-            new = self._rewrite(entry, frame)
+        if entry.refused is not None and self.amend is not None:
+            new = self.amend(entry, frame)
             if new is not None:
+                frame = new
+                entry.response_size = len(new) + 4  # what the client gets
+        if apis.needs_response_rewrite(entry.api_key, entry.api_version):
+            rewritten = self._rewrite(entry, frame)
+            if rewritten is not None:
+                new = rewritten
                 self._count(entry.api_key)
         if entry.route is not None:
             routed = self._route(entry, new if new is not None else frame)
@@ -428,10 +440,14 @@ class ResponseRewriter:
                 error_code = INT16.unpack_from(body, 0)[0]
                 return head + cap_api_versions(body, 0 if error_code == 35 else version)
             value = decode_response(api_key, version, body)
-            if api_key == ApiKey.METADATA and self.on_metadata is not None:
-                self.on_metadata(value)
+            decoded = value
+            if api_key == ApiKey.METADATA:
+                if self.on_metadata is not None:
+                    self.on_metadata(value)
+                if self.metadata_filter is not None:
+                    value = self.metadata_filter(entry, value)
             new_value = _DECODED[api_key](value, self.addresses)
-            if new_value is value:
+            if new_value is decoded:
                 return None
             return head + encode_entity(new_value)
         except UndecodableResponse:

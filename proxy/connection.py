@@ -71,15 +71,21 @@ class ProxiedConnection(asyncio.Protocol):
         interests = ctx.interests
 
         def request_frame(e: InFlight) -> bool:
-            """Requests read whole on their way upstream (consumer fetches to route, SASL)."""
-            return not e.follower and interests.request_frame(e.api_key, e.api_version)
+            """Requests read whole on their way upstream (fetches to route or to answer,
+            SASL, topics to guard)."""
+            return interests.request_frame(e.api_key, e.api_version)
 
         self.requests = RequestStream(
             self.table, net.max_frame_bytes,
             request_frame if interests.wants_request_frames else None,
             measure_produce=interests.produce_partitions,
-            whole=interests.answered if interests.wants_answered else None)
+            whole=interests.whole if interests.wants_whole else None)
         self.chain = FilterChain([make(self) for make in ctx.filters])
+        # the filter that follows Produce frames as they pass (the topic guard)
+        self._watcher: Any = next(
+            (f for f in self.chain.filters if hasattr(f, "watch_produce")), None)
+        if self._watcher is not None and interests.produce_topics:
+            self.requests.watch(self._watcher.watch_produce)
         # SASL termination reads the client's bytes until the client has authenticated
         self._interceptor: Any = next((f for f in self.chain.filters if f.intercepts), None)
         if self._interceptor is not None:
@@ -361,6 +367,10 @@ class ProxiedConnection(asyncio.Protocol):
             captured, self.requests.captured = self.requests.captured, []
             forward = patch_captured(self.requests, forward, events, captured,
                                      self._request_frame)
+        if self.requests.watched:  # Produce frames naming a guarded topic (spoiled)
+            watched, self.requests.watched = self.requests.watched, []
+            for entry, watch in watched:
+                self._watcher.produce_watched(entry, watch)
         if self.requests.measured:
             measured, self.requests.measured = self.requests.measured, []
             for entry in measured:
@@ -384,7 +394,7 @@ class ProxiedConnection(asyncio.Protocol):
                     hook(entry)
             if self.closed:  # a filter refused the request: nothing more goes upstream
                 return
-        if forward:
+        if forward and not self.closed:  # (closed: a filter refused what it cannot rewrite)
             upstream = self.upstream
             if upstream is None:  # bytes may arrive before pausing takes hold
                 self._early.append(bytes(forward))
@@ -403,11 +413,14 @@ class ProxiedConnection(asyncio.Protocol):
         return self.ctx.rewriter(entry, frame)
 
     def _request_frame(self, entry: InFlight, frame: bytes, patchable: bool) -> bytes | None:
+        """Each filter sees the frame as the ones before it left it (the topic guard first:
+        the controller mutation quota then counts what goes on without the proxy's topics)."""
+        replaced = None
         for hook in self.chain.request_frame:
             patched = hook(entry, frame, patchable)
             if patched is not None:
-                return patched
-        return None
+                frame = replaced = patched
+        return replaced
 
     def eof_received(self) -> bool | None:
         self._client_gone(None)
@@ -422,7 +435,10 @@ class ProxiedConnection(asyncio.Protocol):
         elapsed_ms = (_now() - entry.forwarded_at) * 1000.0
         for hook in self.chain.response:
             hook(entry, now, elapsed_ms)
-        routed = entry.route is not None  # the rewriter sets preferred_read_replica
+        # the rewriter sets preferred_read_replica, answers what a filter took out, or
+        # replaces the response with the proxy's answer
+        routed = (entry.route is not None or entry.refused is not None
+                  or entry.answer is not None)
         throttle = entry.throttle_ms
         if throttle <= 0:
             return routed

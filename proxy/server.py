@@ -39,6 +39,7 @@ from proxy.filters.fetch_routing import FetchRouting, FetchRoutingFilter
 from proxy.filters.quota_admin import QuotaAdminFilter
 from proxy.filters.quotas import QuotaFilter
 from proxy.filters.storage import StorageFilter
+from proxy.filters.topic_guard import TopicGuardFilter
 from proxy.listeners import BOOTSTRAP, ListenerKind, Server, StartupError
 from proxy.logs import get_logger
 from proxy.metrics import EntityRow, ProxyStats, make_registry, serve_metrics
@@ -50,6 +51,7 @@ from proxy.tls import (
     kafka_client_options,
     read_secret,
 )
+from proxy.topic_guard import TopicGuard, guarded_names
 from quota.enforcer import BOOTSTRAP_SCOPE, QuotaEnforcer
 
 __all__ = ["Proxy", "StartupError", "run_proxy"]
@@ -106,9 +108,14 @@ class Proxy:
         # controller mutation quotas (KIP-599), which learn topics' partitions from Metadata
         self.mutations = ControllerMutations(config.quotas)
         self.stats.feature_families.append(self.mutations.metric_families)
+        # the proxy's own topics, kept from its clients (``proxy.topic_guard``)
+        self.topic_guard = TopicGuard(guarded_names(config))
+        self.stats.feature_families.append(self.topic_guard.metric_families)
         for kind in self.kinds:
             kind.rewriter.rewritten = rewritten  # counted together
             kind.rewriter.on_metadata = self._observe_metadata
+            kind.rewriter.metadata_filter = self.topic_guard.filter_metadata
+            kind.rewriter.amend = self.topic_guard.amend
         self.stats.brokers_known = lambda: len(self.registry)
         self.stats.rewritten = rewritten
         self.stats.node_endpoints_dropped = lambda: sum(
@@ -187,6 +194,7 @@ class Proxy:
         """The shared features' filters, in chain order: quotas, storage throttling, fetch
         routing (brokers' ports), capture (each kind puts its identity filter first)."""
         made: list[tuple[type[Filter], FilterFactory]] = [
+            (TopicGuardFilter, partial(TopicGuardFilter, guard=self.topic_guard)),
             (QuotaFilter, partial(QuotaFilter, quotas=self.quotas, stats=self.stats)),
             (QuotaAdminFilter, partial(QuotaAdminFilter, admin=self.quota_admin)),
             (ControllerMutationFilter,

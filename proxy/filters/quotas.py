@@ -97,7 +97,7 @@ class QuotaFilter(Filter):
                     QuotaType.PRODUCE, client.user, entry.client_id or "", _now_ms())
                 sensor.in_flight += entry.request_size - 4
                 entry.quota_reservation = sensor
-        elif entry.api_key == _FETCH and not entry.follower:
+        elif entry.api_key == _FETCH:  # (a client posing as a follower is no exception)
             self._fetching += 1
             entry.quota_reservation = _FETCHING
 
@@ -136,12 +136,14 @@ class QuotaFilter(Filter):
         if not quotas.active or entry.exempt:  # (Kafka's authenticator records nothing)
             return
         client = self.client
-        # the request's work, never its waiting (``quota.request_time``)
-        request_time = 0.0 if entry.follower else quotas.request_time_ms(
+        # the request's work, never its waiting (``quota.request_time``). Followers' fetches
+        # (exempt in Kafka) never come through the proxy's listeners: a Fetch with a replica
+        # id is a client's, answered by the topic guard, and recorded as any other.
+        request_time = quotas.request_time_ms(
             entry.request_size, entry.response_size, entry.proxy_ms)
         produce, fetch, request = record_request(
             quotas.manager(client.scope), client.user, entry.client_id or "", entry.api_key,
-            entry.request_size, entry.response_size, entry.follower, request_time, now_ms,
+            entry.request_size, entry.response_size, False, request_time, now_ms,
             entry.storage_scale, quotas.enabled(QuotaType.PRODUCE),
             quotas.enabled(QuotaType.FETCH), quotas.enabled(QuotaType.REQUEST))
         entry.recorded = (now_ms, request_time, produce, fetch, request)
