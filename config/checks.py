@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 
 from config.schema import ProxyConfig, QuotasConfig
+from config.security import ListenerSecurity
 from quota.connection_rate import address_of
 from quota.entities import DEFAULT_NAME, EntityKey
 
@@ -45,6 +46,9 @@ def cross_checks(config: ProxyConfig) -> list[tuple[tuple[str | int, ...], str]]
         ports = kind.broker_ports
         claims.append(((*at, "broker_ports"), f"{label}broker_ports {ports}", kind.broker_host,
                        ports.first, ports.last))
+    for i, (name, kind) in enumerate(config.listeners.kinds()):
+        at = ("listeners",) if name is None else ("listeners", "extra", i - 1)
+        problems.extend(proxy_protocol_checks(kind.security, (*at, "security")))
     names: set[str] = set()
     for i, kind in enumerate(config.listeners.extra):
         if kind.name in names:
@@ -62,6 +66,21 @@ def cross_checks(config: ProxyConfig) -> list[tuple[tuple[str | int, ...], str]]
                 break
     problems.extend(quota_checks(config.quotas))
     return problems
+
+
+def proxy_protocol_checks(security: ListenerSecurity, at: tuple[str | int, ...]
+                          ) -> list[tuple[tuple[str | int, ...], str]]:
+    """A listener that takes PROXY protocol headers names who may send them: the header is
+    trusted as sent, so anyone else able to reach the port could claim any address."""
+    if security.proxy_protocol != "none" and not security.proxy_protocol_trusted_sources:
+        return [((*at, "proxy_protocol"),
+                 f"proxy_protocol {security.proxy_protocol} needs "
+                 "proxy_protocol_trusted_sources: the networks of the load balancers allowed "
+                 "to send the header (any other client could claim any address)")]
+    if security.proxy_protocol == "none" and security.proxy_protocol_trusted_sources:
+        return [((*at, "proxy_protocol_trusted_sources"),
+                 "proxy_protocol_trusted_sources is set but proxy_protocol is none")]
+    return []
 
 
 def quota_checks(quotas: QuotasConfig) -> list[tuple[tuple[str | int, ...], str]]:

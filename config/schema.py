@@ -230,11 +230,44 @@ class NetworkConfig(_Model):
         default=600.0, ge=0,
         description="Kafka connections.max.idle.ms: close a connection with nothing in "
         "flight and no bytes either way for this long (0: never).")
+    max_connections_per_ip: int = Field(
+        default=2147483647, ge=0, le=2147483647,
+        description="Kafka max.connections.per.ip: connections one client address may hold "
+        "at once (the PROXY header's source on listeners that take one); a new one past it "
+        "is refused at once. Default: no limit.")
+    max_connections_per_ip_overrides: dict[str, Annotated[int, Field(ge=0, le=2147483647)]] = (
+        Field(default={}, description="Kafka max.connections.per.ip.overrides: address -> "
+              "its own limit (a mapping, or Kafka's \"ip:count,ip:count\")."))
+
+    @field_validator("max_connections_per_ip_overrides", mode="before")
+    @classmethod
+    def _overrides(cls, value: Any) -> Any:
+        if isinstance(value, str):  # Kafka's form: "ip:count,ip:count"
+            pairs = {}
+            for item in (v.strip() for v in value.split(",")):
+                if not item:
+                    continue
+                ip, sep, count = item.rpartition(":")
+                if not sep or not count.strip().isdigit():
+                    raise ValueError(f'expected "ip:count", got {item!r}')
+                pairs[ip.strip().strip("[]")] = int(count)
+            value = pairs
+        if isinstance(value, dict):
+            for ip in value:
+                try:
+                    ipaddress.ip_address(str(ip))
+                except ValueError:
+                    raise ValueError(f"{ip!r} is not an IP address (an IPv4 or IPv6 literal; "
+                                     "host names are not resolved)") from None
+        return value
 
     @model_validator(mode="after")
     def _low_below_high(self) -> NetworkConfig:
         if self.write_buffer_low_bytes > self.write_buffer_high_bytes:
             raise ValueError("write_buffer_low_bytes must not exceed write_buffer_high_bytes")
+        if self.max_connections_per_ip == 0 and not self.max_connections_per_ip_overrides:
+            raise ValueError("max_connections_per_ip 0 refuses every client: it needs "
+                             "max_connections_per_ip_overrides (as in Kafka)")
         return self
 
 

@@ -10,9 +10,10 @@ when they change): a file that cannot be used stops the start with the field's n
 
 from __future__ import annotations
 
-from typing import Literal
+import ipaddress
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from security.principal_mapping import PrincipalMapper
 
@@ -117,6 +118,15 @@ class UpstreamSaslConfig(_Model):
     password_file: str = Field(min_length=1, description="A file holding the password.")
 
 
+def _network(value: str) -> str:
+    try:
+        ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a network (a CIDR such as 10.0.0.0/24, or an "
+                         "address; host names are not resolved)") from None
+    return value
+
+
 class ListenerSecurity(_Model):
     """How clients reach the proxy, the same on every port (the common case)."""
 
@@ -130,6 +140,11 @@ class ListenerSecurity(_Model):
     proxy_protocol: Literal["none", "v1", "v2", "any"] = Field(
         default="none", description="Connections begin with a PROXY protocol header (from a "
         "load balancer) naming the real client address; one without it is closed.")
+    proxy_protocol_trusted_sources: list[Annotated[str, AfterValidator(_network)]] = Field(
+        default=[], description="With proxy_protocol (required then): the networks (CIDRs, "
+        "e.g. 10.0.0.0/24, or single addresses) of the load balancers allowed to send the "
+        "header; a connection from anywhere else is closed before a byte is read "
+        "(proxy_header_untrusted_source).")
 
     @field_validator("ssl_principal_mapping_rules")
     @classmethod

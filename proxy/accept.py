@@ -11,6 +11,13 @@ handshake is awaited here too, so that a failed one is logged with its reason (a
 listener made by ``create_server(ssl=...)`` drops failed handshakes silently). Either step
 failing, or not done within ``network.request_header_timeout_seconds``, closes that one
 connection with a logged reason.
+
+Every accepted socket takes its place in ``network.max_connections`` at once
+(``proxy.admission``), before its header or handshake: sockets that never finish either count
+like proxied connections until they are closed. A listener that takes PROXY headers reads them
+only from its ``proxy_protocol_trusted_sources``: a connection from anywhere else is closed
+before a byte of it is read. Once the client address is known (the header's source) and has
+passed its connection rate, it is counted against ``max_connections_per_ip``.
 """
 
 from __future__ import annotations
@@ -19,12 +26,15 @@ import asyncio
 import contextlib
 import socket
 import ssl
+import struct
 from collections.abc import Callable
 
 from protocol.errors import ProtocolError
 from protocol.proxy_header import ProxyHeader, ProxyHeaderParser
+from proxy.admission import UNTRUSTED_SOURCE, ConnectionSlots, TrustedSources
 from proxy.connection_rate import Admission, ConnectionRateGuard
 from proxy.logs import get_logger
+from quota.connection_limits import Slot
 
 log = get_logger("kafka_quota_proxy.accept")
 
@@ -39,10 +49,14 @@ class SecuredServer:
                  make: Callable[[tuple[str, int] | None], asyncio.Protocol], timeout: float,
                  refused: Callable[[str], None], listener: str,
                  rates: ConnectionRateGuard | None = None, kind: str | None = None,
-                 scope: int = 0) -> None:
+                 scope: int = 0, slots: ConnectionSlots | None = None,
+                 trusted: TrustedSources | None = None) -> None:
         """``rates``: the connection-creation rates, for connections of listener kind ``kind``
-        and quota scope ``scope``."""
+        and quota scope ``scope``; ``slots``: ``max_connections`` and the per-address limits;
+        ``trusted``: who may send the PROXY header (None: anyone, as when no header is read)."""
         self.sock = sock
+        self.slots = slots
+        self.trusted = trusted
         self.rates = rates
         self.kind = kind
         self.scope = scope
@@ -70,10 +84,32 @@ class SecuredServer:
             task.add_done_callback(self._pending.discard)
 
     async def _start(self, conn: socket.socket, addr: tuple[str, int]) -> None:
+        slot = None
+        if self.slots is not None:
+            slot = self.slots.take(self.listener)
+            if slot is None:  # past max_connections: refused at once
+                _abort(conn)
+                return
+        outcome = None
+        try:
+            outcome = await self._steps(conn, addr, slot)
+        finally:
+            if slot is not None and self.slots is not None and outcome is None:
+                self.slots.release(slot)  # closed before its connection opened
+
+    async def _steps(self, conn: socket.socket, addr: tuple[str, int], slot: Slot | None
+                     ) -> str | None:
+        """The steps; "opened" (the connection holds the slot from now on), "held" (over its
+        address's rate: the slot goes when it is closed), else None (closed)."""
         loop = asyncio.get_running_loop()
         source: tuple[str, int] | None = None
         reason = detail = ""
         rates = self.rates if self.rates is not None and self.rates.active else None
+        if self.trusted is not None and not self.trusted.trusts(addr[0]):
+            self.trusted.log_refused(self.listener, f"{addr[0]}:{addr[1]}")
+            self.refused(UNTRUSTED_SOURCE)
+            _abort(conn)
+            return None
         try:
             admission = None
             if rates is not None:  # the listener's rate: wait while it is over (unread)
@@ -87,13 +123,17 @@ class SecuredServer:
                     if source is not None:
                         addr = source
             if (rates is not None and admission is not None
-                    and not rates.admitted(admission, addr[0], conn.close)):
-                return  # over its address's rate: held unread, closed when it has passed
+                    and not rates.admitted(admission, addr[0], self._closer(conn, slot))):
+                return "held"  # over its address's rate: unread, closed when it has passed
+            if (slot is not None and self.slots is not None
+                    and not self.slots.claim(slot, addr[0], self.listener)):
+                _abort(conn)  # its address holds max_connections_per_ip already
+                return None
             async with asyncio.timeout_at(deadline):
                 await loop.connect_accepted_socket(
-                    lambda: self.make(source), conn, ssl=self.tls,
+                    lambda: self._made(source, slot), conn, ssl=self.tls,
                     ssl_handshake_timeout=self.timeout if self.tls is not None else None)
-            return
+            return "opened"
         except asyncio.CancelledError:  # the listener closed (shutdown)
             conn.close()
             raise
@@ -109,7 +149,7 @@ class SecuredServer:
                       detail=str(exc) or type(exc).__name__)
             self.refused("client_closed")
             conn.close()
-            return
+            return None
         except (OSError, ssl.SSLError, ConnectionError) as exc:  # the handshake failed
             reason = "tls_handshake_failed" if self.tls is not None else "client_error"
             detail = str(exc) or type(exc).__name__
@@ -118,6 +158,28 @@ class SecuredServer:
                     offender="client")
         self.refused(reason)
         conn.close()
+        return None
+
+    def _made(self, source: tuple[str, int] | None, slot: Slot | None) -> asyncio.Protocol:
+        """The connection's protocol, holding the connection's slot from now on."""
+        protocol = self.make(source)
+        if slot is not None and self.slots is not None:
+            self.slots.assign(slot, protocol)
+        return protocol
+
+    def _closer(self, conn: socket.socket, slot: Slot | None) -> Callable[[], None]:
+        """What closes a connection held over its address's rate (its slot with it)."""
+        if slot is None:
+            return conn.close
+
+        def close() -> None:
+            try:
+                conn.close()
+            finally:
+                if self.slots is not None:
+                    self.slots.release(slot)
+
+        return close
 
     async def _header(self, conn: socket.socket) -> ProxyHeader:
         loop = asyncio.get_running_loop()
@@ -139,3 +201,10 @@ class SecuredServer:
     async def wait_closed(self) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
+
+
+def _abort(conn: socket.socket) -> None:
+    """Close at once with RST, as a refused connection is (nothing of it was read)."""
+    with contextlib.suppress(OSError):
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    conn.close()

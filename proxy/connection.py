@@ -124,7 +124,7 @@ class ProxiedConnection(asyncio.Protocol):
     # ------------------------------------------------------------------ client side
     def connection_made(self, base: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, base)
-        if not self.ctx.host.admit():
+        if not self.ctx.host.admit(self, transport):
             self.closed = True
             transport.abort()
             return

@@ -29,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -44,6 +44,10 @@ from quota.connection_rate import (
     address_of,
 )
 from quota.entities import DEFAULT_NAME
+
+if TYPE_CHECKING:
+    from proxy.admission import ConnectionSlots
+    from quota.connection_limits import Slot
 
 log = get_logger("kafka_quota_proxy.connection_rate")
 
@@ -102,6 +106,9 @@ class ConnectionRateGuard:
         self.stats = stats
         self.clock = clock
         self.room = room
+        # max_connections and the per-address limits, for plain listeners' connections going
+        # through the steps (taken at accept, counted against the address once it passes)
+        self.slots: ConnectionSlots | None = None
         self.rates = ConnectionRates()
         self.kind_rates: dict[str | None, int] = {}  # listener kind -> its rate
         self._queues: dict[str, _Queue] = {}
@@ -332,9 +339,17 @@ class _GatedAccept(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.handed = False
         self._early: list[bytes] | None = []  # None: held (what arrives is dropped)
+        self.slot: Slot | None = None
 
     def connection_made(self, base: asyncio.BaseTransport) -> None:
         transport = self.transport = cast(asyncio.Transport, base)
+        slots = self.guard.slots
+        if slots is not None:
+            self.slot = slots.take(self.admission.listener)
+            if self.slot is None:  # past max_connections: refused at once
+                self.handed = True
+                transport.abort()
+                return
         self.guard.turn(self.admission, self._passed, self._alive)
         if not self.handed:  # waiting or held: read nothing (uvloop starts reading after
             transport.pause_reading()  # this method returns, so pause again just after)
@@ -352,12 +367,20 @@ class _GatedAccept(asyncio.Protocol):
         transport = self.transport
         assert transport is not None
         peer = transport.get_extra_info("peername")
-        if not self.guard.admitted(self.admission, peer[0] if peer else None,
-                                   transport.close):
+        ip = peer[0] if peer else None
+        if not self.guard.admitted(self.admission, ip, transport.close):
             self._early = None
             return
+        slots, slot = self.guard.slots, self.slot
         self.handed = True
-        conn = self.make()
+        if slots is not None and slot is not None:
+            if not slots.claim(slot, ip, self.admission.listener):
+                transport.abort()  # its address holds max_connections_per_ip already
+                return
+            conn = self.make()
+            slots.assign(slot, conn)
+        else:
+            conn = self.make()
         transport.set_protocol(conn)
         conn.connection_made(transport)
         early, self._early = self._early or [], None
@@ -370,3 +393,9 @@ class _GatedAccept(asyncio.Protocol):
 
     def eof_received(self) -> bool | None:
         return None  # (closes the transport: a connection still waiting is skipped)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Closed while waiting or held: its slot goes (once handed over, the proxied
+        connection holds it)."""
+        if not self.handed and self.slot is not None and self.guard.slots is not None:
+            self.guard.slots.release(self.slot)

@@ -24,8 +24,9 @@ class ConnectionHost(Protocol):
     def draining(self) -> bool:
         """Shutting down: connections end once they have nothing in flight."""
 
-    def admit(self) -> bool:
-        """Whether a connection just accepted may stay (``network.max_connections``)."""
+    def admit(self, conn: Any, transport: Any) -> bool:
+        """Whether a connection just accepted may stay (``network.max_connections`` and
+        ``max_connections_per_ip``, unless it was admitted before its header or handshake)."""
 
     def connection_opened(self, conn: Any) -> None: ...
 

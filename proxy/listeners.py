@@ -24,6 +24,7 @@ from protocol.addresses import Broker, BrokerAddresses
 from protocol.interests import InterestTable, addresses
 from protocol.rewrite import ResponseRewriter
 from proxy.accept import SecuredServer
+from proxy.admission import ConnectionSlots, TrustedSources
 from proxy.brokers import ListeningRewriter
 from proxy.cluster import OwnIdentity
 from proxy.connection import ProxiedConnection, TlsProxiedConnection
@@ -59,6 +60,7 @@ class ListenerHost(ConnectionHost, Protocol):
     own_identity: OwnIdentity | None
     reuse_port: bool  # one of several worker processes sharing the listeners
     connection_rates: ConnectionRateGuard  # KIP-612, checked at accept
+    slots: ConnectionSlots  # max_connections and max_connections_per_ip, from accept on
 
     def feature_filters(self, scope: int) -> list[tuple[type[Filter], FilterFactory]]:
         """The shared features' filters for a listener of ``scope``, in chain order."""
@@ -105,6 +107,9 @@ class ListenerKind:
         self.sasl_server: SaslServerSettings | None = None  # SASL termination
         self._credentials_seen: tuple[int, int, int] | None = None
         self._contexts: dict[str, ConnectionContext] = {}
+        # who may send PROXY protocol headers (listeners that take them)
+        self.trusted = (TrustedSources(self.security.proxy_protocol_trusted_sources)
+                        if self.security.proxy_protocol != "none" else None)
 
     def listener(self, base: str) -> str:
         """A listener's name in logs and the proxy's server table."""
@@ -302,7 +307,7 @@ class ListenerKind:
             self.tls.front if self.tls is not None else None,
             lambda source: connection(ctx(), targets, source),
             self.host.config.network.request_header_timeout_seconds, refused, name,
-            self.host.connection_rates, self.name, scope)
+            self.host.connection_rates, self.name, scope, self.host.slots, self.trusted)
 
     def listening_on_all(self) -> bool:
         """Every known broker's listener of this kind is serving."""

@@ -24,6 +24,7 @@ from typing import Any
 from config.errors import ConfigError
 from config.loading import load_config
 from config.schema import HostPort, ProxyConfig
+from proxy.admission import ConnectionSlots
 from proxy.capture_writer import Capture
 from proxy.clock import now_ms
 from proxy.cluster import OwnIdentity, fetch_brokers
@@ -52,6 +53,7 @@ from proxy.tls import (
     read_secret,
 )
 from proxy.topic_guard import TopicGuard, guarded_names
+from quota.connection_limits import ConnectionLimits
 from quota.enforcer import BOOTSTRAP_SCOPE, QuotaEnforcer
 
 __all__ = ["Proxy", "StartupError", "run_proxy"]
@@ -131,9 +133,13 @@ class Proxy:
         self.stats.max_connections = self.max_connections
         self.stats.in_flight = lambda: sum(len(c.table) for c in self.connections)
         self.stats.fd_limit = self.fd_limit
-        self._refused_logged_at = 0.0
-        self._refused_since_log = 0
-        self._refused_flush: asyncio.TimerHandle | None = None
+        # every accepted socket counts against max_connections (and, once its address is
+        # known, max_connections_per_ip) until it closes, whatever stage it is at
+        net = config.network
+        self.slots = ConnectionSlots(self.stats, ConnectionLimits(
+            self.max_connections, net.max_connections_per_ip,
+            net.max_connections_per_ip_overrides))
+        self.stats.feature_families.append(self.slots.metric_families)
         self.draining = False
         self._drained = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -165,8 +171,9 @@ class Proxy:
             self._overrides_changed)
         self.stats.feature_families.append(self.quota_admin.metric_families)
         # connection creation rates (KIP-612): per listener and per client address; held
-        # throttled connections count against max_connections (a file descriptor each)
-        self.connection_rates = ConnectionRateGuard(self.stats, room=self.admit_held)
+        # throttled connections keep their place in max_connections (a file descriptor each)
+        self.connection_rates = ConnectionRateGuard(self.stats)
+        self.connection_rates.slots = self.slots
         self.connection_rates.configure(config.quotas, config.listeners.kinds())
         self.stats.feature_families.append(self.connection_rates.metric_families)
         # one reader for the proxy's own topics (the volume, usage and quota-overrides topics)
@@ -507,34 +514,24 @@ class Proxy:
             await asyncio.sleep(0.01)
 
     # ------------------------------------------------------------------ connections
-    def admit(self) -> bool:
-        """Whether a client that just connected may stay: past ``max_connections`` it is
-        refused at once (closed, logged at most once a second with the count, counted), so
-        that file descriptors remain for upstream connections and the metrics endpoint."""
-        if len(self.connections) + self.connection_rates.held < self.max_connections:
+    def admit(self, conn: ProxiedConnection, transport: asyncio.BaseTransport) -> bool:
+        """Whether a client that just connected may stay. Connections that went through steps
+        at accept (PROXY header, TLS handshake, connection rates) hold their slot already;
+        others take one now: past ``max_connections``, or from an address that holds
+        ``max_connections_per_ip`` already, it is refused at once (closed, logged at most once
+        a second with the count, counted), so that file descriptors remain for upstream
+        connections and the metrics endpoint."""
+        slots = self.slots
+        if slots.of(conn) is not None:
             return True
-        self.stats.refused["max_connections"] += 1
-        self._refused_since_log += 1
-        if time.monotonic() - self._refused_logged_at >= 1.0:
-            self._log_refused()
-        elif self._refused_flush is None:  # the rest of a burst is logged a second later
-            self._refused_flush = asyncio.get_running_loop().call_later(1.0, self._log_refused)
-        return False
-
-    def admit_held(self) -> bool:
-        """Whether a connection over its address's connection rate may be held open (else it
-        is closed at once): held ones count against ``max_connections``."""
-        return len(self.connections) + self.connection_rates.held < self.max_connections
-
-    def _log_refused(self) -> None:
-        if self._refused_flush is not None:
-            self._refused_flush.cancel()
-            self._refused_flush = None
-        if self._refused_since_log:
-            log.warning("connections_refused", reason="max_connections",
-                        max_connections=self.max_connections, refused=self._refused_since_log)
-        self._refused_logged_at = time.monotonic()
-        self._refused_since_log = 0
+        slot = slots.take(conn.listener)
+        if slot is None:
+            return False
+        peer = transport.get_extra_info("peername")
+        if not slots.claim(slot, peer[0] if peer else None, conn.listener):
+            return False
+        slots.assign(slot, conn)
+        return True
 
     async def _watch_loop_lag(self, every: float = 0.1) -> None:
         """``kafka_proxy_event_loop_lag_seconds``: how late a timer due every ``every``
@@ -578,6 +575,7 @@ class Proxy:
             conn.close("shutdown")
 
     def connection_closed(self, conn: ProxiedConnection, reason: str) -> None:
+        self.slots.release_owner(conn)
         if conn in self.connections:
             self.connections.discard(conn)
             kind = BOOTSTRAP if conn.listener.endswith(BOOTSTRAP) else "broker"

@@ -222,7 +222,7 @@ def rated(tansu: TansuBroker) -> Iterator[tuple[ProxyProcess, dict[str, int]]]:
     - name: LB
       bootstrap: "127.0.0.1:{ports['LB']}"
       broker_ports: "{ranges[1][0]}-{ranges[1][1]}"
-      security: {{proxy_protocol: v1}}
+      security: {{proxy_protocol: v1, proxy_protocol_trusted_sources: ["127.0.0.1/32"]}}
     - name: SLOW
       bootstrap: "127.0.0.1:{ports['SLOW']}"
       broker_ports: "{ranges[2][0]}-{ranges[2][1]}"

@@ -28,12 +28,15 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     return Certs(tmp_path_factory.mktemp("certs"), "proxy")
 
 
+TRUSTED = '    proxy_protocol_trusted_sources: ["127.0.0.1/32"]\n'  # the tests' load balancer
+
+
 def _tls_yaml(certs: Certs, proxy_protocol: str = "none") -> str:
     server = certs.server()
     return f"""  security:
     protocol: SSL
     proxy_protocol: {proxy_protocol}
-    tls:
+{TRUSTED if proxy_protocol != "none" else ""}    tls:
       cert_file: "{server.cert}"
       key_file: "{server.key}"
       reload_seconds: 0.2
@@ -121,6 +124,7 @@ def test_wrong_protocol_on_each_port_closes_with_a_reason(start: Any, certs: Cer
 def test_proxy_protocol_headers_name_the_client(start: Any, certs: Certs) -> None:
     p = start("""  security:
     proxy_protocol: any
+    proxy_protocol_trusted_sources: ["127.0.0.1/32"]
 """)
     port = _port(p)
     dst = ("127.0.0.1", port)

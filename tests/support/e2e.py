@@ -187,11 +187,14 @@ class KafkaWire:
 
     def __init__(
         self, host: str, port: int, client_id: str = "wire-probe", timeout: float = 10.0,
-        ssl_context: Any = None, preamble: bytes = b"",
+        ssl_context: Any = None, preamble: bytes = b"", source: str | None = None,
     ) -> None:
         """``preamble``: bytes sent first (a PROXY protocol header); ``ssl_context``: the
-        connection is TLS after it."""
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+        connection is TLS after it; ``source``: the local address to connect from (another
+        loopback address, 127.0.0.2, is another client address)."""
+        self.sock = socket.create_connection(
+            (host, port), timeout=timeout,
+            source_address=(source, 0) if source is not None else None)
         if preamble:
             self.sock.sendall(preamble)
         if ssl_context is not None:

@@ -88,6 +88,7 @@ def test_sasl_ssl_with_mtls_and_every_sasl_key() -> None:
           reload_seconds: 0
         ssl_principal_mapping_rules: ["RULE:^CN=(.*?),.*$/$1/L", "DEFAULT"]
         proxy_protocol: v2
+        proxy_protocol_trusted_sources: ["10.0.0.0/24", "fd00::/8", "192.0.2.7"]
         sasl:
           fallback_principal: kerberos-user
           oauthbearer_principal_claim: client_id
@@ -101,6 +102,7 @@ def test_sasl_ssl_with_mtls_and_every_sasl_key() -> None:
     assert security.tls.min_version == "1.3"
     assert security.tls.reload_seconds == 0
     assert security.proxy_protocol == "v2"
+    assert security.proxy_protocol_trusted_sources == ["10.0.0.0/24", "fd00::/8", "192.0.2.7"]
     assert security.sasl == SaslConfig(fallback_principal="kerberos-user",
                                        oauthbearer_principal_claim="client_id",
                                        oauthbearer_jwks_file="/etc/jwks.json")

@@ -64,6 +64,9 @@ class Transport:
         if self.closed_at is None:
             self.closed_at = time.monotonic()
 
+    def abort(self) -> None:
+        self.close()
+
     def set_protocol(self, protocol: Any) -> None:
         self.protocol = protocol
 
