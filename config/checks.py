@@ -8,7 +8,7 @@ import ipaddress
 from config.schema import ProxyConfig, QuotasConfig
 from config.security import ListenerSecurity
 from quota.connection_rate import address_of
-from quota.entities import DEFAULT_NAME, EntityKey
+from quota.entities import ANONYMOUS, DEFAULT_NAME, EntityKey
 
 _WILDCARDS = {"", "0.0.0.0", "::", "*"}
 
@@ -65,6 +65,8 @@ def cross_checks(config: ProxyConfig) -> list[tuple[tuple[str | int, ...], str]]
                 problems.append((where, f"{what} collides with {other}"))
                 break
     problems.extend(quota_checks(config.quotas))
+    if config.storage is not None:
+        problems.extend(storage_checks(config))
     return problems
 
 
@@ -81,6 +83,30 @@ def proxy_protocol_checks(security: ListenerSecurity, at: tuple[str | int, ...]
         return [((*at, "proxy_protocol_trusted_sources"),
                  "proxy_protocol_trusted_sources is set but proxy_protocol is none")]
     return []
+
+
+def storage_checks(config: ProxyConfig) -> list[tuple[tuple[str | int, ...], str]]:
+    """Storage exemptions name principals no client can claim: not ANONYMOUS (every client
+    without an authenticated principal), not a SASL listener's fallback principal (every
+    client of a mechanism the proxy cannot read)."""
+    storage = config.storage
+    assert storage is not None
+    problems: list[tuple[tuple[str | int, ...], str]] = []
+    fallbacks = {kind.security.sasl.fallback_principal
+                 for _, kind in config.listeners.kinds()
+                 if kind.security.uses_sasl and not kind.security.terminates_sasl}
+    for i, user in enumerate(storage.exempt_users):
+        principal = user[5:] if user.startswith("User:") else user
+        if principal == ANONYMOUS:
+            problems.append((("storage", "exempt_users", i),
+                             "ANONYMOUS is every client without an authenticated principal: "
+                             "exempt an authenticated principal (SASL or mTLS)"))
+        elif principal in fallbacks:
+            problems.append((("storage", "exempt_users", i),
+                             f"{principal} is a SASL listener's fallback_principal, given to "
+                             "every client of a mechanism the proxy cannot read: exempt a "
+                             "principal the proxy reads"))
+    return problems
 
 
 def quota_checks(quotas: QuotasConfig) -> list[tuple[tuple[str | int, ...], str]]:

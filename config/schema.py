@@ -665,14 +665,34 @@ class StorageConfig(_Model):
     soft: LimitConfig | None = None
     hard: LimitConfig
     unquoted_producer_byte_rate: float = Field(default=52428800, gt=0)
-    exempt_users: list[str] = []
-    exempt_client_ids: list[str] = []
+    exempt_users: list[str] = Field(
+        default=[], description="Principals never throttled by storage (the authenticated "
+        "user, as quotas name it; Kafka's User: prefix optional).")
+    exempt_client_ids: list[str] = Field(
+        default=[], description="Refused: a client-id is chosen by the client, so any client "
+        "could claim the exemption. Exempt principals with exempt_users.")
     pause_throttle_ms: int = Field(default=1000, ge=1, le=300_000)
     evaluate_seconds: float = Field(default=1.0, gt=0, le=60)
     max_clock_skew_seconds: float = Field(
         default=30.0, gt=0, le=3600, description="A volume snapshot stamped further ahead of "
         "this proxy's clock is refused (counted and logged).")
     agent: VolumeAgentConfig | None = None
+
+    @field_validator("exempt_users")
+    @classmethod
+    def _principals(cls, value: list[str]) -> list[str]:
+        return [_principal(p) for p in value]  # as Client.user holds them
+
+    @field_validator("exempt_client_ids")
+    @classmethod
+    def _no_client_ids(cls, value: list[str]) -> list[str]:
+        if value:
+            raise ValueError(
+                "storage exemptions by client-id are refused: any client can send any "
+                "client-id (Kafka exempts by principal, never by client-id); exempt the "
+                "authenticated principal with exempt_users (e.g. volume-agent or "
+                "User:volume-agent)")
+        return value
 
     def policy(self) -> StoragePolicy:
         return StoragePolicy(

@@ -475,8 +475,7 @@ class Proxy:
         if self.config.storage is not None:  # what a replay needs besides storage_scale
             st = self.config.storage
             doc["storage"] = {"unquoted_producer_byte_rate": st.unquoted_producer_byte_rate,
-                              "exempt_users": st.exempt_users,
-                              "exempt_client_ids": st.exempt_client_ids}
+                              "exempt_users": st.exempt_users}
         path = (self.capture.directory
                 / f"quotas-{self.capture.run}-{self.quotas.generation:05d}.json")
         try:

@@ -99,6 +99,7 @@ class StorageSettings:
 
     unquoted_produce_bound: float
     exempt_users: frozenset[str] = frozenset()
+    # captures of proxies from before exemptions by client-id were refused
     exempt_client_ids: frozenset[str] = frozenset()
 
     @classmethod
