@@ -9,6 +9,7 @@ import dataclasses
 import io
 import secrets
 import ssl
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kio.index import load_request_schema
@@ -105,8 +106,11 @@ async def authenticate(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
 
 
 async def fetch_brokers(host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None,
-                        identity: OwnIdentity | None = None) -> list[BrokerInfo]:
-    """Ask one broker for the cluster's brokers."""
+                        identity: OwnIdentity | None = None, topics: Sequence[str] = (),
+                        seen: Callable[[str, Any], None] | None = None) -> list[BrokerInfo]:
+    """Ask one broker for the cluster's brokers; with ``topics`` (Metadata v4+, which never
+    creates them), also for those topics: ``seen(name, topic_id)`` for each one it has (the
+    topic guard learns the ids of the proxy's own topics)."""
     reader, writer = await asyncio.wait_for(
         asyncio.open_connection(host, port, ssl=tls,
                                 server_hostname=host if tls is not None else None), timeout)
@@ -122,13 +126,19 @@ async def fetch_brokers(host: str, port: int, timeout: float, tls: ssl.SSLContex
             )
             if version < 1:
                 raise ConnectionError("broker offers no usable Metadata version")
+            asked: tuple[Any, ...] = ()
+            if topics and version >= 4:
+                module = __import__(load_request_schema(ApiKey.METADATA, version).__module__,
+                                    fromlist=["MetadataRequestTopic"])
+                extra = {"topic_id": None} if version >= 10 else {}
+                asked = tuple(module.MetadataRequestTopic(name=t, **extra) for t in topics)
             body = await _roundtrip(
                 reader,
                 writer,
                 ApiKey.METADATA,
                 version,
                 2,
-                topics=(),
+                topics=asked,
                 allow_auto_topic_creation=False,
                 include_cluster_authorized_operations=False,
                 include_topic_authorized_operations=False,
@@ -136,6 +146,10 @@ async def fetch_brokers(host: str, port: int, timeout: float, tls: ssl.SSLContex
             response = decode_response(ApiKey.METADATA, version, body)
     finally:
         writer.close()
+    if asked and seen is not None:
+        for t in response.topics:
+            if t.name is not None and not t.error_code:
+                seen(str(t.name), getattr(t, "topic_id", None))
     return [
         BrokerInfo(b.node_id, b.host, b.port, getattr(b, "rack", None)) for b in response.brokers
     ]

@@ -328,7 +328,9 @@ class Proxy:
         for target in self.bootstrap_targets():
             try:
                 brokers = await fetch_brokers(target[0], target[1], timeout, self.upstream_tls,
-                                              self.own_identity)
+                                              self.own_identity,
+                                              sorted(self.topic_guard.topics.names),
+                                              self.topic_guard.learn)
             except (OSError, TimeoutError, asyncio.IncompleteReadError, ConnectionError,
                     ValueError) as exc:
                 log.debug(
