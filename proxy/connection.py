@@ -367,10 +367,6 @@ class ProxiedConnection(asyncio.Protocol):
             captured, self.requests.captured = self.requests.captured, []
             forward = patch_captured(self.requests, forward, events, captured,
                                      self._request_frame)
-        if self.requests.watched:  # Produce frames naming a guarded topic (spoiled)
-            watched, self.requests.watched = self.requests.watched, []
-            for entry, watch in watched:
-                self._watcher.produce_watched(entry, watch)
         if self.requests.measured:
             measured, self.requests.measured = self.requests.measured, []
             for entry in measured:
@@ -394,6 +390,10 @@ class ProxiedConnection(asyncio.Protocol):
                     hook(entry)
             if self.closed:  # a filter refused the request: nothing more goes upstream
                 return
+        if self.requests.watched:  # Produce frames naming a guarded topic (spoiled)
+            watched, self.requests.watched = self.requests.watched, []
+            for entry, watch in watched:
+                self._watcher.produce_watched(entry, watch)
         if forward and not self.closed:  # (closed: a filter refused what it cannot rewrite)
             upstream = self.upstream
             if upstream is None:  # bytes may arrive before pausing takes hold
