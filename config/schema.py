@@ -18,6 +18,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SecretStr,
     field_validator,
     model_validator,
 )
@@ -676,6 +677,10 @@ class StorageConfig(_Model):
     max_clock_skew_seconds: float = Field(
         default=30.0, gt=0, le=3600, description="A volume snapshot stamped further ahead of "
         "this proxy's clock is refused (counted and logged).")
+    secret: SecretStr | None = Field(
+        default=None, min_length=16, description="Opt-in: a secret shared by the volume agents "
+        "and the proxies; the agents sign each snapshot with it (HMAC-SHA256 in a record "
+        "header) and the proxies refuse snapshots not signed with it.")
     agent: VolumeAgentConfig | None = None
 
     @field_validator("exempt_users")
@@ -722,6 +727,10 @@ class CoordinationConfig(_Model):
     max_clock_skew_ms: int = Field(
         default=30_000, ge=100, le=3_600_000, description="A usage report stamped further "
         "ahead of this process's clock is refused (counted and logged).")
+    secret: SecretStr | None = Field(
+        default=None, min_length=16, description="Opt-in: a secret shared by every proxy "
+        "instance; each report is signed with it (HMAC-SHA256 in a record header) and reports "
+        "not signed with it are refused.")
 
     @model_validator(mode="after")
     def _staleness_covers_reports(self) -> CoordinationConfig:

@@ -13,13 +13,21 @@ aiokafka asks for metadata with ``allow_auto_topic_creation`` on and has no opti
 off: a deleted topic would come back at once with the cluster's defaults (not compacted,
 several partitions). ``no_topic_auto_creation`` makes this process's aiokafka clients ask
 without it; the proxy's own clients are its only ones.
+
+Signed records (opt-in: ``coordination.secret``, ``storage.secret``): the writer puts
+``record_mac`` (HMAC-SHA256 with the shared secret over the topic, the key and the value, a
+tombstone included) in the record header ``MAC_HEADER``; a subscription with a ``secret``
+gets only the records that carry the right one, the others are counted (``unsigned``) and
+passed to ``on_unsigned``, never to ``on_record``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+import hashlib
+import hmac
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +57,39 @@ def no_topic_auto_creation() -> None:
             super().__init__(topics, allow_auto_topic_creation)
 
     aiokafka.client.MetadataRequest = _NoAutoCreate
+
+
+MAC_HEADER = "kafka-quota-proxy-mac"
+
+
+def record_mac(secret: bytes, topic: str, key: bytes | None, value: bytes | None) -> bytes:
+    """HMAC-SHA256 with ``secret`` over the topic, the key and the value, each length-prefixed
+    (a missing key or value, a tombstone's, as length 0xffffffff)."""
+    mac = hmac.new(secret, digestmod=hashlib.sha256)
+    for part in (topic.encode(), key, value):
+        if part is None:
+            mac.update(b"\xff\xff\xff\xff")
+        else:
+            mac.update(len(part).to_bytes(4, "big"))
+            mac.update(part)
+    return mac.digest()
+
+
+def mac_headers(secret: bytes | None, topic: str, key: bytes | None, value: bytes | None
+                ) -> dict[str, Any]:
+    """The keyword arguments of ``send_and_wait`` that sign a record with ``secret`` (none
+    without one)."""
+    if secret is None:
+        return {}
+    return {"headers": [(MAC_HEADER, record_mac(secret, topic, key, value))]}
+
+
+def signed(secret: bytes, topic: str, key: bytes | None, value: bytes | None,
+           headers: Iterable[tuple[str, bytes]] | None) -> bool:
+    """Whether a record carries exactly one ``MAC_HEADER``, the right one."""
+    macs = [v for k, v in headers or () if k == MAC_HEADER]
+    return len(macs) == 1 and hmac.compare_digest(bytes(macs[0]),
+                                                  record_mac(secret, topic, key, value))
 
 
 async def stop_quietly(client: Any) -> None:
@@ -119,6 +160,9 @@ class Subscription:
     on_state: Callable[[bool, bool], None]
     start: Callable[[], int | None] = lambda: None
     missing_ok: bool = False
+    secret: bytes | None = None  # records must be signed with it (``signed``)
+    on_unsigned: Callable[[bytes | None], None] | None = None  # (key) of one that is not
+    unsigned: int = 0
     partitions: frozenset[int] = frozenset()
     present: bool = False
     connected: bool = False
@@ -126,6 +170,18 @@ class Subscription:
     pending: dict[Any, int] = field(default_factory=dict)  # partition -> end to reach
     records: int = 0
     resets: int = 0  # positions past the end (the topic re-created) read again
+
+    def deliver(self, key: bytes | None, value: bytes | None, timestamp_ms: int,
+                headers: Iterable[tuple[str, bytes]] | None) -> None:
+        """One record of the topic: to ``on_record``, unless a ``secret`` is set and the
+        record is not signed with it."""
+        if self.secret is not None and not signed(self.secret, self.topic, key, value,
+                                                  headers):
+            self.unsigned += 1
+            if self.on_unsigned is not None:
+                self.on_unsigned(key)
+            return
+        self.on_record(key, value, timestamp_ms)
 
     def state(self, connected: bool, reading: bool) -> None:
         if (connected, reading) != (self.connected, self.reading):
@@ -200,7 +256,8 @@ class TopicReader:
                     sub = self.subscriptions[tp.topic]
                     sub.records += len(records)
                     for record in records:
-                        sub.on_record(record.key, record.value, record.timestamp)
+                        sub.deliver(record.key, record.value, record.timestamp,
+                                    record.headers)
                 for sub in self.subscriptions.values():
                     if sub.pending:
                         await self._caught_up(consumer, sub)

@@ -32,7 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from config.schema import CoordinationConfig
 from proxy.clock import now_ms, wall_ms
-from proxy.cluster_topics import Subscription, ensure_topic, stop_quietly
+from proxy.cluster_topics import Subscription, ensure_topic, mac_headers, stop_quietly
 from quota.capture_schema import process_id
 from quota.enforcer import QuotaEnforcer
 from quota.shared import (
@@ -107,14 +107,29 @@ class Coordination:
         self._subscription: Subscription | None = None
         self._refused_seen = 0  # refusals counted when the last line was logged
         self._refused_logged_at: int | None = None
+        # opt-in: reports signed with the shared secret, those without it refused
+        self.secret = (config.secret.get_secret_value().encode()
+                       if config.secret is not None else None)
+        self.unsigned = 0
 
     # ------------------------------------------------------------------ reading
     def subscription(self) -> Subscription:
         """The usage topic, for the process's ``TopicReader``: from ``staleness_ms`` ago."""
         self._subscription = Subscription(
             self.config.topic, self.observe, self._reader_state,
-            start=lambda: self.wall() - self.config.staleness_ms)
+            start=lambda: self.wall() - self.config.staleness_ms, secret=self.secret,
+            on_unsigned=self._unsigned)
         return self._subscription
+
+    def _unsigned(self, key: bytes | None) -> None:
+        """A record not signed with the secret: refused, counted, logged (rate-limited)."""
+        self.unsigned += 1
+        wall = self.wall()
+        last = self._refused_logged_at
+        if last is None or wall - last >= REFUSED_LOG_EVERY_S * 1000:
+            log.warning("shared_quota_report_refused", reason="unsigned",
+                        key=repr(key)[:200], unsigned=self.unsigned)
+            self._refused_logged_at = wall
 
     @property
     def topic_present(self) -> bool:
@@ -255,8 +270,10 @@ class Coordination:
         try:
             producer = await self._ready_producer()
             timeout = max(1.0, 4 * self.config.report_ms / 1000.0)
-            await asyncio.wait_for(producer.send_and_wait(self.config.topic, value, key=key),
-                                   timeout)
+            topic = self.config.topic
+            await asyncio.wait_for(producer.send_and_wait(
+                topic, value, key=key, **mac_headers(self.secret, topic, key, value)),
+                timeout)
             self.reports_written += 1
             self._failures = 0
         except asyncio.CancelledError:
@@ -323,9 +340,10 @@ class Coordination:
         try:
             if self._producer is not None:
                 producer = self._producer
-                await asyncio.wait_for(
-                    producer.send_and_wait(self.config.topic, None,
-                                           key=self.process.encode()), 2.0)
+                key, topic = self.process.encode(), self.config.topic
+                await asyncio.wait_for(producer.send_and_wait(
+                    topic, None, key=key, **mac_headers(self.secret, topic, key, None)),
+                    2.0)
         except Exception as exc:
             log.warning("shared_quota_tombstone_failed", error=repr(exc)[:300])
         await self._discard_producer()
@@ -400,8 +418,10 @@ class Coordination:
         refused = CounterMetricFamily(
             "kafka_proxy_shared_quota_reports_refused",
             "Usage reports refused: stamped beyond the clock skew allowed (future), under this "
-            "process's id but not written by it (own_id), too many budgets (oversized), or no "
-            "room for a new process (full)", labels=["reason"])
+            "process's id but not written by it (own_id), too many budgets (oversized), no "
+            "room for a new process (full), or not signed with coordination.secret (unsigned)",
+            labels=["reason"])
         for reason in Refusal:
             refused.add_metric([reason.value], remote.refused[reason])
+        refused.add_metric(["unsigned"], self.unsigned)
         yield refused

@@ -18,7 +18,9 @@ Every record is judged before it is trusted (``quota.storage``'s rules): a snaps
 more than ``max_clock_skew_seconds`` ahead of this proxy's clock is refused, counted
 (``kafka_proxy_storage_refused_snapshots_total{reason}``) and logged (at most one line every
 ``REFUSED_LOG_EVERY_S`` seconds, with the count since the last); a tombstone is counted and
-leaves the broker's last snapshot to go stale in its time.
+leaves the broker's last snapshot to go stale in its time. With ``secret`` (opt-in), records
+not signed with it by the agents (``proxy.cluster_topics.signed``) are refused
+(``reason="unsigned"``), tombstones included.
 """
 
 from __future__ import annotations
@@ -74,6 +76,9 @@ class StorageWatch:
         self.read_errors = 0
         self.transitions = 0
         self.refused: dict[str, int] = {j.value: 0 for j in Judgement if j.refused}
+        self.refused["unsigned"] = 0
+        self.secret = (config.secret.get_secret_value().encode()
+                       if config.secret is not None else None)
         self._refused_logged_at: float | None = None
         self._refused_since_log = 0
         self.evaluate()
@@ -144,18 +149,22 @@ class StorageWatch:
         now = self.clock()
         judged = self.cluster.update(snapshot, now)
         if judged.refused:
-            self._refuse(judged, snapshot, now)
+            self._refuse(judged.value, now, broker=snapshot.broker_id,
+                         snapshot_at=snapshot.snapshot_at_ms,
+                         ahead_ms=snapshot.snapshot_at_ms - now)
 
-    def _refuse(self, judged: Judgement, snapshot: Snapshot, now_ms: int) -> None:
-        """Count a refused snapshot; log it, at most once every ``REFUSED_LOG_EVERY_S``."""
-        self.refused[judged.value] += 1
+    def _unsigned(self, key: bytes | None) -> None:
+        """A record not signed with the secret."""
+        self._refuse("unsigned", self.clock(), key=repr(key)[:100])
+
+    def _refuse(self, reason: str, now_ms: int, **detail: Any) -> None:
+        """Count a refused record; log it, at most once every ``REFUSED_LOG_EVERY_S``."""
+        self.refused[reason] += 1
         self._refused_since_log += 1
         t = now_ms / 1000.0
         if self._refused_logged_at is None or t - self._refused_logged_at >= REFUSED_LOG_EVERY_S:
-            log.warning("storage_snapshot_refused", reason=judged.value,
-                        broker=snapshot.broker_id, snapshot_at=snapshot.snapshot_at_ms,
-                        ahead_ms=snapshot.snapshot_at_ms - now_ms,
-                        refused_since_last_log=self._refused_since_log)
+            log.warning("storage_snapshot_refused", reason=reason,
+                        refused_since_last_log=self._refused_since_log, **detail)
             self._refused_logged_at = t
             self._refused_since_log = 0
 
@@ -164,7 +173,8 @@ class StorageWatch:
         """What the process's ``TopicReader`` reads for this feature: the volume topic from
         its beginning; a topic no agent has made yet counts as read."""
         return Subscription(self.config.topic, lambda key, value, _ts: self.observe(key, value),
-                            self._reader_state, missing_ok=True)
+                            self._reader_state, missing_ok=True, secret=self.secret,
+                            on_unsigned=self._unsigned)
 
     def _reader_state(self, connected: bool, reading: bool) -> None:
         if self.connected and not connected:
@@ -225,8 +235,9 @@ class StorageWatch:
             yield c
         refused = CounterMetricFamily(
             "kafka_proxy_storage_refused_snapshots",
-            "Volume snapshots refused: stamped beyond the clock skew allowed (future), or of a "
-            "new broker id past the number held (too_many_brokers)", labels=["reason"])
+            "Volume records refused: stamped beyond the clock skew allowed (future), of a new "
+            "broker id past the number held (too_many_brokers), or not signed with "
+            "storage.secret (unsigned)", labels=["reason"])
         for reason, n in self.refused.items():
             refused.add_metric([reason], n)
         yield refused

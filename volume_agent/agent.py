@@ -6,6 +6,10 @@ publishes one JSON snapshot (``quota.storage.Snapshot``), keyed by the broker id
 topic that it creates when missing. A broker that is down or slow costs a counted, logged
 publish error and a retry on the next tick, with a new producer: the agent never exits for it.
 
+With ``storage.secret`` (opt-in) each snapshot is signed with it (HMAC-SHA256 in the record
+header ``proxy.cluster_topics.MAC_HEADER``): proxies with the same secret refuse snapshots
+that are not.
+
 Metrics (on ``storage.agent.metrics``): whether the last publish was acknowledged, publish
 errors, snapshots published, and each volume's capacity and consumed bytes.
 """
@@ -24,7 +28,7 @@ from aiokafka import AIOKafkaProducer
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from config.schema import AgentFile, StorageConfig, VolumeAgentConfig, VolumeLimitsConfig
-from proxy.cluster_topics import ensure_topic, stop_quietly
+from proxy.cluster_topics import ensure_topic, mac_headers, stop_quietly
 from proxy.logs import get_logger
 from proxy.metrics import serve_metrics
 from proxy.tls import kafka_client_options
@@ -156,6 +160,8 @@ class VolumeAgent:
         self.published = 0
         self.publish_errors = 0
         self._producer: Any = None  # AIOKafkaProducer, started, with the topic known to exist
+        secret = file.storage.secret
+        self.secret = secret.get_secret_value().encode() if secret is not None else None
 
     async def publish_once(self) -> bool:
         """Measure and publish one snapshot; count and log a failure. True when acknowledged."""
@@ -168,9 +174,10 @@ class VolumeAgent:
         self.metrics.volumes(snap.volumes)
         try:
             producer = await self._ready_producer()
+            topic, key, value = self.storage.topic, str(snap.broker_id).encode(), snap.to_json()
             meta = await asyncio.wait_for(
-                producer.send_and_wait(self.storage.topic, snap.to_json(),
-                                       key=str(snap.broker_id).encode()),
+                producer.send_and_wait(topic, value, key=key,
+                                       **mac_headers(self.secret, topic, key, value)),
                 self.timeout + 1.0)
         except Exception as exc:  # any broker failure: retried on the next tick
             self._failed()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from config.schema import CoordinationConfig
+from proxy.cluster_topics import mac_headers, signed
 from proxy.coordination import Coordination, own_process_id
 from quota.enforcer import QuotaEnforcer
 from quota.entities import EntityKey, QuotaType
@@ -115,3 +116,38 @@ def test_refused_reports_are_counted_by_reason_and_logged_at_most_every_ten_seco
     clocks.wall += 10_000
     c.observe(b"forger/0/1-2", forged, 0)  # (still an hour ahead)
     assert "refused_since_last_log=6" in capsys.readouterr().out
+
+
+def test_signed_records_only_with_a_secret() -> None:
+    """``coordination.secret``: reports not signed with it are refused whoever wrote them;
+    tombstones too. (``proxy.cluster_topics``: HMAC-SHA256 over topic, key and value.)"""
+    secret = b"a-shared-secret-of-some-length"
+    topic, key, value = "__kafka_quota_proxy_usage", b"k", b"v"
+    headers = mac_headers(secret, topic, key, value)["headers"]
+    assert signed(secret, topic, key, value, headers)
+    assert not signed(b"another-secret-of-some-length", topic, key, value, headers)
+    assert not signed(secret, topic, key, b"v2", headers)  # tampered
+    assert not signed(secret, "other-topic", key, value, headers)  # replayed elsewhere
+    assert not signed(secret, topic, key, value, None)
+    assert not signed(secret, topic, key, value, headers + headers)  # two: refused
+    assert not signed(secret, topic, key, None, headers)  # not a tombstone of it
+    assert signed(secret, topic, key, None, mac_headers(secret, topic, key, None)["headers"])
+    assert mac_headers(None, topic, key, value) == {}
+
+    clocks = Clocks()
+    c = make(clocks, secret="a-shared-secret-of-some-length")
+    c._reader_state(True, True)
+    sub = c.subscription()
+    forged = other(clocks, 1)
+    sub.deliver(b"other/0/3-4", forged, 0, None)
+    sub.deliver(b"other/0/3-4", forged, 0, mac_headers(b"wrong-secret-xxxxxxxx", sub.topic,
+                                                        b"other/0/3-4", forged)["headers"])
+    sub.deliver(b"other/0/3-4", None, 0, None)  # an unsigned tombstone
+    assert c.remote.peers(clocks.mono) == [] and c.reports_read == 0
+    sub.deliver(b"other/0/3-4", forged, 0,
+                mac_headers(c.secret, sub.topic, b"other/0/3-4", forged)["headers"])
+    assert c.remote.peers(clocks.mono) == ["other/0/3-4"]
+    families = {m.name: m for m in c.metric_families()}
+    refused = {s.labels["reason"]: s.value
+               for s in families["kafka_proxy_shared_quota_reports_refused"].samples}
+    assert refused["unsigned"] == 3 and sub.unsigned == 3

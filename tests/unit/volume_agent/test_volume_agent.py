@@ -19,6 +19,7 @@ import pytest
 from cli.main import main
 from config.loading import load_agent_config
 from config.schema import AgentFile, VolumeLimitsConfig
+from proxy.cluster_topics import signed
 from quota.storage import Limit, LimitType, Snapshot, Volume
 from volume_agent import agent as volume_agent
 from volume_agent.agent import (
@@ -212,16 +213,19 @@ class FakeProducer:
     def __init__(self, **config: Any) -> None:
         self.config = config
         self.sent: list[tuple[str, bytes, bytes]] = []
+        self.headers: list[list[tuple[str, bytes]] | None] = []
         self.started = self.stopped = False
         FakeProducer.instances.append(self)
 
     async def start(self) -> None:
         self.started = True
 
-    async def send_and_wait(self, topic: str, value: bytes, key: bytes) -> Any:
+    async def send_and_wait(self, topic: str, value: bytes, key: bytes,
+                            headers: list[tuple[str, bytes]] | None = None) -> Any:
         if FakeProducer.failing:
             raise ConnectionError("broker gone")
         self.sent.append((topic, key, value))
+        self.headers.append(headers)
         return SimpleNamespace(partition=0, offset=len(self.sent) - 1)
 
     async def stop(self) -> None:
@@ -440,3 +444,19 @@ def test_a_config_without_the_agent_section_exits_2(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 2
     assert "storage.agent is required for the volume agent" in proc.stderr
+
+
+async def test_with_a_secret_each_snapshot_is_signed(tmp_path: Path, fake_kafka: None) -> None:
+    """``storage.secret``: the agent signs each snapshot (HMAC-SHA256 in a record header) so
+    that proxies with the same secret can tell its snapshots from anyone else's."""
+    agent = VolumeAgent(agent_file(tmp_path, [str(tmp_path)],
+                                   extra='  secret: "volumes-shared-secret"\n'))
+    assert await agent.publish_once()
+    (producer,) = FakeProducer.instances
+    (topic, key, value), = producer.sent
+    assert signed(b"volumes-shared-secret", topic, key, value, producer.headers[0])
+    assert not signed(b"another-secret-entirely", topic, key, value, producer.headers[0])
+    unsigned = VolumeAgent(agent_file(tmp_path, [str(tmp_path)]))
+    assert await unsigned.publish_once()
+    assert FakeProducer.instances[-1].headers == [None]
+
