@@ -50,15 +50,18 @@ def _served(port: int, source: str | None = None, preamble: bytes = b"",
     return wire
 
 
-def _refused_at_once(port: int, source: str | None = None, preamble: bytes = b"") -> bool:
-    """The proxy closes the connection before answering anything (within 5 s)."""
+def _refused_at_once(port: int, source: str | None = None, preamble: bytes = b"",
+                     send: bool = True) -> bool:
+    """The proxy closes the connection before answering anything (within 5 s); ``send``: an
+    ApiVersions request is sent first (not to a TLS port, which closes on it anyway)."""
     try:
         wire = KafkaWire("127.0.0.1", port, timeout=5, source=source, preamble=preamble)
     except OSError:  # reset as it connected
         return True
     with wire:
         try:
-            wire.send_raw(wire.encode(18, 0))
+            if send:
+                wire.send_raw(wire.encode(18, 0))
         except OSError:
             return True
         return wire.is_closed_by_peer(5)
@@ -92,14 +95,15 @@ def test_silent_tls_handshakes_count_against_max_connections(
   max_connections: 20
   request_header_timeout_seconds: 60
 """)
-    started.append(p.start())
+    started.append(p)
+    p.start()
     port = p.wait_broker_listener(111)
     silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
     try:
-        # never a ClientHello: each holds its slot from accept on
-        wait_for(lambda: _metric(p, "kafka_proxy_connection_slots") == 20, 10,
-                 what="20 silent handshakes counted")
-        assert _refused_at_once(port)
+        # never a ClientHello: each holds its slot from accept on (accepted in order, before
+        # the next), so the 21st is refused at once, before it has sent anything
+        assert _refused_at_once(port, send=False)
+        assert _metric(p, "kafka_proxy_connection_slots") == 20
         wait_for(lambda: _metric(p, REFUSED, reason="max_connections") >= 1, 10,
                  what="the refusal counted")
         wait_for(lambda: _logged(p, "connections_refused", "max_connections"), 10,
@@ -131,7 +135,8 @@ def test_max_connections_per_ip_with_overrides_and_trusted_proxy_headers(
   max_connections_per_ip: 3
   max_connections_per_ip_overrides: {"127.0.0.2": 5}
 """)
-    started.append(p.start())
+    started.append(p)
+    p.start()
     port = p.wait_broker_listener(111)
     held: list[KafkaWire] = []
     try:
@@ -188,14 +193,16 @@ def test_proxy_headers_only_from_trusted_sources(tansu: TansuBroker,
   ip_entities:
     - {ip: "<default>", connection_creation_rate: 2}
 """)
-    started.append(p.start())
+    started.append(p)
+    p.start()
     port = p.bootstrap_port
 
     def untrusted() -> float:
         return _metric(p, "kafka_proxy_connections_closed_total",
                        reason="proxy_header_untrusted_source")
 
-    before = untrusted()  # (the readiness probe of ProxyProcess.start is untrusted too)
+    # the readiness probe of ProxyProcess.start is from 127.0.0.1 too: counted first
+    before = wait_for(untrusted, 10, what="the readiness probe refused")
     t0 = time.monotonic()
     claimed_served = 0
     for i in range(60):
