@@ -25,6 +25,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from demo.embedded_broker import TansuBroker
+from proxy.cluster_topics import MAC_HEADER, record_mac
 from quota.entities import QuotaType
 from quota.shared import UsageReport
 from quota.storage import Snapshot, Volume
@@ -160,6 +161,49 @@ quotas:
         proxy.stop()
 
 
+SECRET = "usage-shared-secret"
+
+
+def test_with_a_secret_a_forged_report_stamped_in_time_is_refused(tansu: TansuBroker) -> None:
+    """``coordination.secret`` (opt-in): the proxy signs its reports and refuses any that are
+    not signed with the secret, however plausible (here: stamped now, the window right)."""
+    victim = f"victim-{uuid.uuid4().hex[:6]}"
+    proxy = ProxyProcess(tansu.bootstrap, extra_yaml=f"""coordination: {{enabled: true, \
+secret: "{SECRET}"}}
+quotas:
+  entities:
+    - {{client-id: {victim}, producer_byte_rate: {VICTIM_QUOTA}}}
+""").start()
+    budget = (NODE, QuotaType.PRODUCE, "", victim)
+
+    def forged(n: int) -> list[tuple[bytes, bytes | None]]:
+        report = UsageReport("forger/0/1-1", n + 1, int(time.time() * 1000), 11, 1000,
+                             {budget: ((500, 0, 1e12),)})
+        return [(report.key, report.encode())]
+
+    forger: Forger | None = None
+    try:
+        proxy.wait_broker_listener(NODE)
+        # its own reports, signed, come back through tansu and are taken
+        wait_for(lambda: _metric(proxy, "kafka_proxy_shared_quota_fallback") == 0, 30,
+                 what="its own signed reports read back")
+        forger = Forger(tansu.bootstrap, USAGE_TOPIC, forged)
+        wait_for(lambda: proxy.metrics().get(
+            'kafka_proxy_shared_quota_reports_refused_total{reason="unsigned"}', 0) >= 2, 20,
+            what="forged reports refused")
+        topic = new_topic(tansu.bootstrap, "victim")
+        rate, errors = _run_producers([(proxy.bootstrap, victim)], topic, 8.0)
+        print(f"victim under a forged report stamped in time, coordination.secret set: "
+              f"{rate / 1000:.0f} kB/s for a quota of {VICTIM_QUOTA / 1000:.0f} kB/s")
+        assert not errors, errors[:3]
+        assert rate >= 0.8 * VICTIM_QUOTA
+        assert _metric(proxy, "kafka_proxy_shared_quota_fallback") == 0
+    finally:
+        if forger is not None:
+            forger.close()
+        proxy.stop()
+
+
 SPLIT_QUOTA = 200_000
 SPLIT_RUN_S = 16.0
 
@@ -238,7 +282,8 @@ quotas:
 
 
 # ---------------------------------------------------------------------- volume snapshots
-def _storage_proxy(tansu: TansuBroker, topic: str, stale_after_s: float) -> ProxyProcess:
+def _storage_proxy(tansu: TansuBroker, topic: str, stale_after_s: float,
+                   more: str = "") -> ProxyProcess:
     return ProxyProcess(tansu.bootstrap, extra_yaml=f"""quotas:
   window: {{samples: 3, size_seconds: 1}}
 storage:
@@ -250,16 +295,19 @@ storage:
   unquoted_producer_byte_rate: {BASE}
   pause_throttle_ms: 300
   evaluate_seconds: 0.2
-""")
+{more}""")
 
 
 def _snapshot(at_ms: int, consumed: int) -> bytes:
     return Snapshot(NODE, at_ms, (Volume("/var/lib/kafka", 100 * GB, consumed),)).to_json()
 
 
-def _publish_once(bootstrap: str, topic: str, value: bytes | None) -> None:
+def _publish_once(bootstrap: str, topic: str, value: bytes | None,
+                  secret: bytes | None = None) -> None:
     producer = Producer({"bootstrap.servers": bootstrap})
-    producer.produce(topic, key=str(NODE).encode(), value=value)
+    key = str(NODE).encode()
+    headers = [(MAC_HEADER, record_mac(secret, topic, key, value))] if secret else None
+    producer.produce(topic, key=key, value=value, headers=headers)
     assert producer.flush(10) == 0
 
 
@@ -337,3 +385,26 @@ def test_a_tombstone_for_a_live_broker_does_not_pause_at_once(
                  what="OPEN again")
     finally:
         proxy.stop()
+
+
+def test_with_a_secret_only_signed_snapshots_count(
+        tansu: TansuBroker, volumes: tuple[str, Publisher]) -> None:
+    """``storage.secret`` (opt-in): snapshots not signed with it (here the unsigned publisher's,
+    fresh and healthy) are refused, so the broker has no data: the fail-safe; a signed one,
+    as the volume agent writes with the secret, takes hold."""
+    topic, _publisher = volumes
+    proxy = _storage_proxy(tansu, topic, 30, '  secret: "volumes-shared-secret"\n').start()
+    try:
+        proxy.wait_broker_listener(NODE)
+        wait_for(lambda: proxy.metrics().get(
+            'kafka_proxy_storage_refused_snapshots_total{reason="unsigned"}', 0) >= 2, 20,
+            what="the unsigned snapshots refused")
+        assert _metric(proxy, "kafka_proxy_storage_state") == 2
+        assert _metric(proxy, "kafka_proxy_storage_fail_safe") == 1
+        _publish_once(tansu.bootstrap, topic, _snapshot(int(time.time() * 1000), 50 * GB),
+                      b"volumes-shared-secret")
+        wait_for(lambda: _metric(proxy, "kafka_proxy_storage_state") == 0, 20,
+                 what="OPEN on the signed snapshot")
+    finally:
+        proxy.stop()
+
