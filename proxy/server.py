@@ -43,6 +43,7 @@ from proxy.filters.storage import StorageFilter
 from proxy.filters.topic_guard import TopicGuardFilter
 from proxy.listeners import BOOTSTRAP, ListenerKind, Server, StartupError
 from proxy.logs import get_logger
+from proxy.memory import TRIM_AFTER_EXPIRED, trim_heap
 from proxy.metrics import EntityRow, ProxyStats, make_registry, serve_metrics
 from proxy.quota_admin import ClientQuotaAdmin
 from proxy.storage_watch import StorageWatch
@@ -371,9 +372,12 @@ class Proxy:
             expiry_s = self.config.quotas.sensor_idle_expiry_seconds
             await asyncio.sleep(min(60.0, expiry_s / 2))
             now = now_ms()
-            self.quotas.expire(now, int(self.config.quotas.sensor_idle_expiry_seconds * 1000))
+            expired = self.quotas.expire(
+                now, int(self.config.quotas.sensor_idle_expiry_seconds * 1000))
             self.connection_rates.expire()
             self.mutations.quotas.expire(now)
+            if expired >= TRIM_AFTER_EXPIRED:  # a churn of client-ids or users gone
+                trim_heap()
 
     def _client_state_entries(self) -> dict[str, int]:
         """Entries of the structures keyed by client-chosen names (client-id, user, address):

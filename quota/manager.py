@@ -322,6 +322,8 @@ class QuotaManager:
         if idle:
             self._resolved.clear()  # keeps the caches bounded by the live client-ids
             self._sensor_of.clear()
+            if len(idle) > len(self.sensors):  # (a dict never shrinks its table by itself)
+                self.sensors = dict(self.sensors)
         return len(idle)
 
     def cache_entries(self) -> int:
