@@ -111,6 +111,12 @@ class RequestStream:
         return len(self._pending)
 
     @property
+    def unread(self) -> int:
+        """Bytes taken from the client and not forwarded yet: whole frames held back (``hold``,
+        ``stop_after_frame``) and the start of a frame whose header is not complete."""
+        return len(self._held) + len(self._pending)
+
+    @property
     def mid_frame(self) -> bool:
         """A frame has started but not ended (at end of input this means truncation)."""
         return self._remaining > 0 or bool(self._pending)

@@ -121,6 +121,11 @@ class ProxiedConnection(asyncio.Protocol):
     def peer(self) -> str:
         return self.client.peer
 
+    @property
+    def unread_bytes(self) -> int:
+        """Bytes read from the client and not written upstream yet (for the metrics)."""
+        return self.requests.unread + sum(map(len, self._early))
+
     # ------------------------------------------------------------------ client side
     def connection_made(self, base: asyncio.BaseTransport) -> None:
         transport = cast(asyncio.Transport, base)

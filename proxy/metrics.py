@@ -60,6 +60,7 @@ class ProxyStats:
         self.backpressure: dict[str, int] = defaultdict(int)
         self.node_endpoints_dropped: Callable[[], int] = lambda: 0
         self.client_write_buffered: Callable[[], int] = lambda: 0
+        self.client_unread: Callable[[], int] = lambda: 0
         self.throttled: dict[str, int] = defaultdict(int)  # quota type -> throttled requests
         self.throttle_ms: dict[str, int] = defaultdict(int)  # quota type -> ms imposed
         self.reloads: dict[str, int] = defaultdict(int)  # "success" | "failure"
@@ -217,6 +218,13 @@ class _Collector(Collector):
             "Bytes waiting in the proxy's write buffers towards clients",
         )
         g.add_metric([], s.client_write_buffered())
+        yield g
+        g = GaugeMetricFamily(
+            "kafka_proxy_client_unread_bytes",
+            "Bytes read from clients and held back, not forwarded yet (past the bound on "
+            "requests in flight, throttled, or before the broker connection is made)",
+        )
+        g.add_metric([], s.client_unread())
         yield g
         yield family(CounterMetricFamily, "kafka_proxy_backpressure_pauses",
                       "Times reading one side paused because the other side's write buffer "

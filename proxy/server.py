@@ -126,6 +126,7 @@ class Proxy:
         self.stats.client_write_buffered = lambda: sum(
             c.transport.get_write_buffer_size() for c in self.connections if c.transport
         )
+        self.stats.client_unread = lambda: sum(c.unread_bytes for c in self.connections)
         self.connections: set[ProxiedConnection] = set()
         self.servers: dict[str, Server] = {}
         self.fd_limit = fd_limit()
