@@ -401,8 +401,9 @@ class ProxiedConnection(asyncio.Protocol):
                 self._watcher.produce_watched(entry, watch)
         if forward and not self.closed:  # (closed: a filter refused what it cannot rewrite)
             upstream = self.upstream
-            if upstream is None:  # bytes may arrive before pausing takes hold
-                self._early.append(bytes(forward))
+            if upstream is None:  # read while connecting: uvloop starts reading after
+                self._early.append(bytes(forward))  # ``connection_made`` whatever it was
+                self.client_gate.enforce()  # told there; no more until connected
             else:
                 upstream.transport.write(forward)  # type: ignore[union-attr]
 

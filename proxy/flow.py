@@ -1,6 +1,12 @@
 """Pausing a transport for several independent reasons (backpressure, shutdown drain, ...).
 
 Reading resumes only when no reason is left. Backpressure lives here and nowhere else.
+
+A transport may be reading while the gate holds a reason: uvloop starts reading a connection
+after ``connection_made`` returns, whatever that method told it, so a pause given there (the
+proxied connection's "connecting") does not take hold. Every ``pause`` therefore tells the
+transport again (``pause_reading`` does nothing on a paused transport), and ``enforce`` does for
+the reasons already held: reading that goes on past one read is not possible behind a reason.
 """
 
 from __future__ import annotations
@@ -24,9 +30,16 @@ class ReadGate:
             transport.pause_reading()
 
     def pause(self, reason: str) -> None:
-        if not self._reasons and self._transport is not None and not self._transport.is_closing():
+        # (told even when another reason holds: see the module's docstring)
+        if self._transport is not None and not self._transport.is_closing():
             self._transport.pause_reading()
         self._reasons.add(reason)
+
+    def enforce(self) -> None:
+        """Bytes arrived though the gate is paused (see the module's docstring): pause the
+        transport for the reasons held."""
+        if self._reasons and self._transport is not None and not self._transport.is_closing():
+            self._transport.pause_reading()
 
     def resume(self, reason: str) -> None:
         if reason not in self._reasons:
