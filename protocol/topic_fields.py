@@ -139,6 +139,27 @@ def topic_arrays(api_key: int, version: int) -> tuple[TopicArray, ...]:
     return tuple(out)
 
 
+@cache
+def response_topic_arrays(api_key: int, version: int) -> tuple[TopicArray, ...]:
+    """Where responses of this API and version name topics (the same derivation)."""
+    try:
+        cls = load_response_schema(api_key, version)
+    except Exception:
+        return ()
+    out: list[TopicArray] = []
+    _derive(cls, (), out)
+    return tuple(out)
+
+
+def omit_topics(value: Any, api_key: int, version: int,
+                omitted: Callable[[TopicRef], bool]) -> Any:
+    """A decoded response without the topic entries ``omitted`` picks (a response that
+    lists topics the client did not name: DescribeLogDirs for all topics)."""
+    refs = [r for r in refs_of(value, response_topic_arrays(api_key, version))
+            if r.array.removable and omitted(r)]
+    return without_value(value, refs) if refs else value
+
+
 def topic_apis() -> dict[int, tuple[int, ...]]:
     """Every API whose request names topics in some version kio knows, with those versions."""
     found: dict[int, tuple[int, ...]] = {}
@@ -177,7 +198,8 @@ class MetadataHandling:
 @dataclass(frozen=True, slots=True)
 class LeftOut:
     """Refused topics are taken out of the request and nothing is said of them (a response
-    with no place for a topic's error: as Kafka leaves out what a client may not see)."""
+    with no place for a topic's error: as Kafka leaves out what a client may not see); a
+    response listing them anyway (the request asked for all topics) has them taken out."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -527,6 +549,21 @@ def with_refused(frame: bytes | memoryview, api_key: int, version: int,
         raise MalformedFrame(f"{apis.api_name(api_key)} v{version} response: the refused "
                              f"topics' results cannot be added: {exc!r}") from None
     return bytes(frame[: header.size]) + encode(value)
+
+
+def response_without(frame: bytes | memoryview, api_key: int, version: int,
+                     omitted: Callable[[TopicRef], bool]) -> bytes | None:
+    """The broker's response (a whole frame) without the topics ``omitted`` picks (None:
+    it has none)."""
+    hv = apis.response_header_version(api_key, version)
+    header = parse_response_header(frame, 0, len(frame), hv)
+    value = response_body(frame, api_key, version)
+    try:
+        new = omit_topics(value, api_key, version, omitted)
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise MalformedFrame(f"{apis.api_name(api_key)} v{version} response: topics cannot "
+                             f"be left out: {exc!r}") from None
+    return None if new is value else bytes(frame[: header.size]) + encode(new)
 
 
 def refused_response(request: TopicRequest, refused: Sequence[TopicRef]) -> bytes:

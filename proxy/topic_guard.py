@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.core import CounterMetricFamily
 
 from protocol.correlation import InFlight
-from protocol.topic_fields import TopicRef, metadata_amended, with_refused
+from protocol.topic_fields import TopicRef, metadata_amended, response_without, with_refused
 from protocol.topic_guard import GuardedTopics, produce_with_refused
 from proxy.logs import get_logger
 from proxy.metrics import family
@@ -69,6 +69,16 @@ class Metadata:
         self.only_refused = only_refused
 
 
+class Omit:
+    """``InFlight.refused`` of a request whose response may list guarded topics it did not
+    name (DescribeLogDirs, ListPartitionReassignments for all topics): left out."""
+
+    __slots__ = ()
+
+
+OMIT = Omit()
+
+
 class TopicGuard:
     def __init__(self, names: list[str]) -> None:
         self.topics = GuardedTopics(names)
@@ -94,6 +104,9 @@ class TopicGuard:
             return produce_with_refused(frame, entry.api_version, refused.topics)
         if isinstance(refused, Results):
             return with_refused(frame, entry.api_key, entry.api_version, refused.refs)
+        if refused is OMIT:
+            return response_without(frame, entry.api_key, entry.api_version,
+                                    self.topics.ref_guarded)
         return None
 
     def filter_metadata(self, entry: InFlight, value: Any) -> Any:

@@ -43,7 +43,7 @@ from protocol.topic_fields import (
 from protocol.topic_guard import ProduceTopics
 from proxy.filters.base import Filter, FilterHost
 from proxy.logs import get_logger
-from proxy.topic_guard import Metadata, Produce, Results, TopicGuard
+from proxy.topic_guard import OMIT, Metadata, Produce, Results, TopicGuard
 
 log = get_logger("kafka_quota_proxy.topic_guard")
 
@@ -97,6 +97,8 @@ class TopicGuardFilter(Filter):
         if key == _FETCH and self._follower(entry, frame):
             return self._answer_follower(entry, frame, patchable)
         topics = self.guard.topics
+        if isinstance(HANDLING[key], LeftOut):  # (its response may list them all the same)
+            entry.refused = OMIT
         if not topics.in_frame(frame):
             return None
         version = entry.api_version

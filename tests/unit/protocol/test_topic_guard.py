@@ -213,3 +213,20 @@ def test_guarded_topics_learn_ids_and_search_frames() -> None:
     assert not topics.guarded(OTHER, OTHER_ID)
     assert topics.in_frame(b"xx" + GUARDED_ID.bytes) and topics.in_frame(GUARDED.encode())
     assert not topics.in_frame(OTHER.encode() + OTHER_ID.bytes)
+
+
+def test_a_response_listing_guarded_topics_unasked_leaves_them_out() -> None:
+    """DescribeLogDirs for all topics lists every topic of every directory: the guarded
+    ones are taken out."""
+    from protocol.topic_fields import response_without
+
+    topics = _guard()
+    m = _module(35, 4, "response")
+    value = blank(load_response_schema(35, 4), results=(blank(
+        m.DescribeLogDirsResult, log_dir="/data", topics=tuple(
+            blank(m.DescribeLogDirsTopic, name=n) for n in (OTHER, GUARDED))),))
+    response = encode_response_header(3, 1) + encode(value)
+    got = response_body(response_without(response, 35, 4, topics.ref_guarded) or b"", 35, 4)
+    assert [t.name for r in got.results for t in r.topics] == [OTHER]
+    assert response_without(encode_response_header(3, 1) + encode(blank(
+        load_response_schema(35, 4))), 35, 4, topics.ref_guarded) is None
