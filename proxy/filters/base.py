@@ -9,7 +9,7 @@ by filter in chain order, at fixed points of a request's life:
                             the correlation table when it expects a response)
 ``request_frame(entry,      the whole frame of a request the filter declared an interest in
 frame, patchable)``         (``interests``), as the filters before it left it: may return a
-                            replacement (of another size only when ``patchable``)
+                            replacement, of any size (only when ``patchable``)
 ``request_measured(entry)`` a Produce frame walked as it passed has ended (``partitions`` set)
 ``response(entry, now_ms,   a response started (``response_size`` known), before any of its
 elapsed_ms)``               bytes go to the client; may ``propose_throttle``
