@@ -318,6 +318,15 @@ def test_a_client_posing_as_a_follower_is_refused_and_stays_throttled(
             if response.throttle_time.total_seconds() > 0:
                 throttled += 1
                 break
+        # v15+: the replica id in the ReplicaState tagged field, the topic by id
+        m15: Any = __import__("kio.schema.fetch.v15.request", fromlist=["_"])
+        topic_id = _direct_topic_ids(tansu.bootstrap, [topic])[topic]
+        fields = _fetch_fields(15, [topic_id])
+        del fields["replica_id"]
+        response = wire.request(1, 15, **fields,
+                                replica_state=m15.ReplicaState(replica_id=111))
+        assert [(t.topic_id, int(p.error_code), p.records) for t in response.responses
+                for p in t.partitions] == [(topic_id, DENIED, None)], response
     assert throttled, "the consumer quota never throttled the follower poser"
     metrics = guarded_proxy.metrics()
     assert metrics.get("kafka_proxy_replica_fetches_refused_total", 0) >= 1, metrics
