@@ -37,6 +37,7 @@ class RequestStream:
     __slots__ = (
         "_capture",
         "_capturing",
+        "_gated",
         "_held",
         "_max",
         "_measure",
@@ -51,7 +52,9 @@ class RequestStream:
         "_whole_until",
         "captured",
         "captured_at",
+        "client_id",
         "measured",
+        "next_client_id",
         "watched",
     )
 
@@ -105,6 +108,19 @@ class RequestStream:
         self._watch = watch_produce
         self._watching: tuple[InFlight, Any] | None = None
         self.watched: list[tuple[InFlight, Any]] = []
+        # Every request is gated by its own header: frames are read only while their
+        # client-id (null read as "") is ``client_id``; a read stops before a frame of another
+        # (held, not forwarded) and names it in ``next_client_id``, for the caller to judge
+        # that client-id's limits and set ``client_id`` before reading it. None until the
+        # caller has seen a first frame: a connection's very first frame stops a read too.
+        # Off unless ``gate_client_ids`` (the stream alone reads every frame).
+        self._gated = False
+        self.client_id: str | None = None
+        self.next_client_id: str | None = None
+
+    def gate_client_ids(self) -> None:
+        """Read each frame only under its own client-id (``client_id``, ``next_client_id``)."""
+        self._gated = True
 
     @property
     def buffered(self) -> int:
@@ -263,6 +279,11 @@ class RequestStream:
                 break
             progress = None  # (only ever about the first frame)
             header, expects_response, follower = read
+            if self._gated and (header.client_id or "") != self.client_id:
+                # another client-id's frame: its own limits first
+                self.next_client_id = header.client_id or ""
+                self._held = data[pos:]
+                break
             api_key = header.api_key
             if (end > n and self._whole is not None
                     and self._whole(api_key, header.api_version)

@@ -80,6 +80,7 @@ class ProxiedConnection(asyncio.Protocol):
             request_frame if interests.wants_request_frames else None,
             measure_produce=interests.produce_partitions,
             whole=interests.whole if interests.wants_whole else None)
+        self.requests.gate_client_ids()  # each request judged by its own header's client-id
         self.chain = FilterChain([make(self) for make in ctx.filters])
         # the filter that follows Produce frames as they pass (the topic guard)
         self._watcher: Any = next(
@@ -304,6 +305,21 @@ class ProxiedConnection(asyncio.Protocol):
             self._handle_requests(forward, events)
             if self.requests.mid_frame:  # a frame in progress goes on
                 return
+            switched = self.requests.next_client_id
+            if switched is not None:
+                # The read stopped before a frame of another client-id (a connection's first
+                # frame, or a client-id changed): that frame is gated by its own limits, the
+                # next turn of the loop judges them (``serial``, ``hold``), and with requests
+                # in flight it waits for their headroom as any frame of its client-id would.
+                self.requests.next_client_id = None
+                self.client.client_id = self.requests.client_id = switched
+                if self.table and not self._may_read_next():
+                    self.client_gate.pause("serial")
+                    return
+                if self.client_gate.paused:
+                    return
+                data = b""
+                continue
             if not limited:
                 if not self.requests.held:
                     return

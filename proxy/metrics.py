@@ -67,6 +67,8 @@ class ProxyStats:
         self.tls_reloads: dict[str, int] = defaultdict(int)  # "success" | "failure"
         self.credentials_reloads: dict[str, int] = defaultdict(int)  # "success" | "failure"
         self.refused: dict[str, int] = defaultdict(int)  # reason -> connections refused
+        # a connection's first request of a budget over its quota, held until it is back
+        self.held_first_requests = 0
         self.max_connections = 0
         self.fd_limit = 0
         self.in_flight: Callable[[], int] = lambda: 0  # requests awaiting their response
@@ -241,6 +243,13 @@ class _Collector(Collector):
         yield family(CounterMetricFamily, "kafka_proxy_quota_throttle_seconds",
                       "Throttle time imposed, by quota", "quota",
                       {k: v / 1000.0 for k, v in s.throttle_ms.items()})
+        c = CounterMetricFamily(
+            "kafka_proxy_quota_held_first_requests",
+            "Connections whose first request of a budget over its quota waited, unread, until "
+            "the budget was back within it (a client reconnecting instead of waiting out its "
+            "throttle)")
+        c.add_metric([], s.held_first_requests)
+        yield c
         yield family(CounterMetricFamily, "kafka_proxy_config_reloads",
                       "Configuration reloads, by result", "result", s.reloads)
         yield family(CounterMetricFamily, "kafka_proxy_tls_reloads",

@@ -17,11 +17,15 @@ from proxy.metrics import ProxyStats
 from quota.enforcer import QuotaEnforcer
 from quota.entities import QuotaType
 from quota.recording import record_request
+from quota.throttle import throttle_time_ms
 
 _PRODUCE = int(ApiKey.PRODUCE)
 _FETCH = int(ApiKey.FETCH)
 _NO_LIMITS: frozenset[QuotaType] = frozenset()
 _FETCHING = object()  # InFlight.quota_reservation of a consumer Fetch of a client with a quota
+# How soon a held first request asks again whether its budget is back within its quota
+_RECHECK_MIN_MS = 10
+_RECHECK_MAX_MS = 1000
 
 
 class QuotaFilter(Filter):
@@ -37,6 +41,8 @@ class QuotaFilter(Filter):
         self._limits_key: tuple[int, int, str | None, str] = (-1, -1, None, "")
         self._limits: frozenset[QuotaType] = _NO_LIMITS
         self._fetching = 0  # consumer Fetch requests awaiting their response
+        # The quota types this connection has forwarded a request of (see ``hold``)
+        self._joined: set[QuotaType] = set()
 
     # ------------------------------------------------------------------ reading
     @property
@@ -76,9 +82,62 @@ class QuotaFilter(Filter):
                 client.user, client.client_id or "", _now_ms())
         return True
 
+    def hold(self, api_key: int | None) -> bool:
+        """A connection's first request of a budget over its quota waits, unread and
+        unforwarded, until the budget is back within it (re-checked at the throttle time the
+        rate implies, at least every second). Kafka mutes the connection a throttled response
+        went out on, not the budget: a client that reconnects instead of waiting would get a
+        request through on every new connection (and with all its first bytes read at once,
+        many). Connections that already carry the budget's requests keep Kafka's behaviour:
+        each of their responses is throttled and the connection muted."""
+        limits = self._limits
+        if not limits or api_key is None:
+            return False
+        joined = self._joined
+        waiting = 0
+        if api_key == _PRODUCE:
+            if QuotaType.PRODUCE in limits and QuotaType.PRODUCE not in joined:
+                waiting = self._over(QuotaType.PRODUCE)
+        elif api_key == _FETCH and QuotaType.FETCH in limits and QuotaType.FETCH not in joined:
+            waiting = self._over(QuotaType.FETCH)
+        if not waiting and QuotaType.REQUEST in limits and QuotaType.REQUEST not in joined:
+            waiting = self._over(QuotaType.REQUEST)
+        if not waiting:
+            return False
+        self.stats.held_first_requests += 1
+        self.host.mute(waiting)
+        return True
+
+    def _over(self, quota_type: QuotaType) -> int:
+        """0 when this client's budget of ``quota_type`` is within its quota (produce: with
+        the requests in flight counted, and under the storage scale in force), else how long
+        to wait before asking again (ms)."""
+        client = self.client
+        client_id = client.client_id or ""
+        now = _now_ms()
+        manager = self.quotas.manager(client.scope)
+        sensor = manager.sensor(quota_type, client.user, client_id, now)
+        bound = sensor.bound
+        if quota_type is QuotaType.PRODUCE:
+            if manager.produce_headroom(client.user, client_id, now):
+                return 0
+            bound = manager.produce_bound(bound, client.user, client_id)
+        elif sensor.headroom(now):
+            return 0
+        rate, window = sensor.rate.measure(now)
+        wait = throttle_time_ms(rate, bound, window) if bound else 0
+        return min(max(wait, _RECHECK_MIN_MS), _RECHECK_MAX_MS)
+
     # ------------------------------------------------------------------ requests
     def request(self, entry: InFlight) -> None:
         key = entry.api_key
+        if self._limits:  # this connection now carries requests of its budgets
+            joined = self._joined
+            joined.add(QuotaType.REQUEST)
+            if key == _PRODUCE:
+                joined.add(QuotaType.PRODUCE)
+            elif key == _FETCH:
+                joined.add(QuotaType.FETCH)
         if key == _PRODUCE:
             entry.storage_scale = self.quotas.produce_scale  # paced by it when recorded
         if not entry.expects_response:
