@@ -46,20 +46,23 @@ class SecuredServer:
     ``asyncio.Server``."""
 
     def __init__(self, sock: socket.socket, accept: str | None, tls: ssl.SSLContext | None,
-                 make: Callable[[tuple[str, int] | None], asyncio.Protocol], timeout: float,
-                 refused: Callable[[str], None], listener: str,
+                 make: Callable[[tuple[str, int] | None, int], asyncio.Protocol],
+                 timeout: float, refused: Callable[[str], None], listener: str,
                  rates: ConnectionRateGuard | None = None, kind: str | None = None,
-                 scope: int = 0, slots: ConnectionSlots | None = None,
+                 scope: int | Callable[[], int] = 0, slots: ConnectionSlots | None = None,
                  trusted: TrustedSources | None = None) -> None:
-        """``rates``: the connection-creation rates, for connections of listener kind ``kind``
-        and quota scope ``scope``; ``slots``: ``max_connections`` and the per-address limits;
-        ``trusted``: who may send the PROXY header (None: anyone, as when no header is read)."""
+        """``make(address, scope)``: the connection's protocol; ``rates``: the
+        connection-creation rates, for connections of listener kind ``kind`` and quota scope
+        ``scope`` (the listener's, or what chooses each connection's when it is accepted: the
+        bootstrap listener's, ``proxy.bootstrap``); ``slots``: ``max_connections`` and the
+        per-address limits; ``trusted``: who may send the PROXY header (None: anyone, as when
+        no header is read)."""
         self.sock = sock
         self.slots = slots
         self.trusted = trusted
         self.rates = rates
         self.kind = kind
-        self.scope = scope
+        self.choose_scope: Callable[[], int] = scope if callable(scope) else (lambda: scope)
         self.accept = accept
         self.tls = tls
         self.make = make
@@ -110,10 +113,11 @@ class SecuredServer:
             self.refused(UNTRUSTED_SOURCE)
             _abort(conn)
             return None
+        scope = self.choose_scope()
         try:
             admission = None
             if rates is not None:  # the listener's rate: wait while it is over (unread)
-                admission = Admission(self.listener, self.kind, self.scope)
+                admission = Admission(self.listener, self.kind, scope)
                 await rates.wait_turn(admission)
             deadline = loop.time() + self.timeout
             async with asyncio.timeout_at(deadline):
@@ -131,7 +135,7 @@ class SecuredServer:
                 return None
             async with asyncio.timeout_at(deadline):
                 await loop.connect_accepted_socket(
-                    lambda: self._made(source, slot), conn, ssl=self.tls,
+                    lambda: self._made(source, scope, slot), conn, ssl=self.tls,
                     ssl_handshake_timeout=self.timeout if self.tls is not None else None)
             return "opened"
         except asyncio.CancelledError:  # the listener closed (shutdown)
@@ -160,9 +164,10 @@ class SecuredServer:
         conn.close()
         return None
 
-    def _made(self, source: tuple[str, int] | None, slot: Slot | None) -> asyncio.Protocol:
+    def _made(self, source: tuple[str, int] | None, scope: int, slot: Slot | None
+              ) -> asyncio.Protocol:
         """The connection's protocol, holding the connection's slot from now on."""
-        protocol = self.make(source)
+        protocol = self.make(source, scope)
         if slot is not None and self.slots is not None:
             self.slots.assign(slot, protocol)
         return protocol

@@ -53,12 +53,16 @@ class ProxiedConnection(asyncio.Protocol):
     """The client-facing protocol; owns the upstream side and the sans-IO state."""
 
     def __init__(self, ctx: ConnectionContext,
-                 resolve_upstream: Callable[[], list[tuple[str, int]]],
-                 peer: tuple[str, int] | None = None) -> None:
+                 resolve_upstream: Callable[[], list[tuple[str, int, int]]],
+                 peer: tuple[str, int] | None = None, scope: int | None = None) -> None:
+        """``resolve_upstream()``: the addresses to try in order, each with the quota scope of
+        a connection that reaches it; ``scope``: the connection's until then (chosen at
+        accept; None: its listener's)."""
         self.ctx = ctx
         self.id = next(_ids)
         # ANONYMOUS until an mTLS certificate or a SASL exchange names the principal
-        self.client = Client(self.id, ctx.listener, ctx.scope, ANONYMOUS)
+        self.client = Client(self.id, ctx.listener, ctx.scope if scope is None else scope,
+                             ANONYMOUS)
         if peer is not None:  # the client's address as a PROXY protocol header gave it
             self.client.peer = f"{peer[0]}:{peer[1]}"
             self.client.peer_ip = peer[0]
@@ -170,7 +174,7 @@ class ProxiedConnection(asyncio.Protocol):
         upstream_tls = self.ctx.upstream_tls
         identity = self.ctx.upstream_identity
         side_class = UpstreamSide if upstream_tls is None else TlsUpstreamSide
-        for host, port in self._resolve_upstream():
+        for host, port, scope in self._resolve_upstream():
             try:
                 if identity is None:
                     transport, side = await asyncio.wait_for(
@@ -187,6 +191,7 @@ class ProxiedConnection(asyncio.Protocol):
             if self.closed:
                 transport.close()
                 return
+            self.client.scope = scope  # the budgets of the broker reached
             for connected in self.chain.upstream_connected:
                 connected(True)
             # Only now is the upstream where requests go: the bytes read while connecting go

@@ -254,16 +254,21 @@ class ConnectionRateGuard:
             self._close(close)
 
     # ------------------------------------------------------------------ plain listeners
-    def protocol_factory(self, listener: str, kind: str | None, scope: int,
-                         make: Callable[[], asyncio.Protocol]
+    def protocol_factory(self, listener: str, kind: str | None, scope: int | Callable[[], int],
+                         make: Callable[[int], asyncio.Protocol]
                          ) -> Callable[[], asyncio.Protocol]:
-        """The protocol factory of a plain listener: ``make()`` itself while no rate applies,
-        else a protocol that takes the connection through the steps first."""
+        """The protocol factory of a plain listener: ``make(scope)`` itself while no rate
+        applies, else a protocol that takes the connection through the steps first.
+        ``scope``: the listener's, or what chooses each connection's when it is accepted (the
+        bootstrap listener: ``proxy.bootstrap``)."""
+        choose = scope if callable(scope) else (lambda: scope)
 
         def factory() -> asyncio.Protocol:
+            chosen = choose()
             if not self.active:
-                return make()
-            return _GatedAccept(self, Admission(listener, kind, scope), make)
+                return make(chosen)
+            return _GatedAccept(self, Admission(listener, kind, chosen),
+                                lambda: make(chosen))
 
         return factory
 

@@ -39,7 +39,9 @@ class ConnectionContext:
 
     host: ConnectionHost
     listener: str  # "bootstrap" or "broker-<node id>"
-    scope: int  # whose quotas apply: the upstream node id, or the bootstrap scope
+    # whose quotas apply: the upstream node id; the bootstrap scope on a bootstrap listener,
+    # whose connections each get theirs at accept (``proxy.bootstrap``)
+    scope: int
     network: NetworkConfig
     connect_timeout_seconds: float
     stats: ProxyStats

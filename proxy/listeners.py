@@ -25,6 +25,7 @@ from protocol.interests import InterestTable, addresses
 from protocol.rewrite import ResponseRewriter
 from proxy.accept import SecuredServer
 from proxy.admission import ConnectionSlots, TrustedSources
+from proxy.bootstrap import BootstrapRoutes, Target
 from proxy.brokers import ListeningRewriter
 from proxy.cluster import OwnIdentity
 from proxy.connection import ProxiedConnection, TlsProxiedConnection
@@ -65,7 +66,7 @@ class ListenerHost(ConnectionHost, Protocol):
     def feature_filters(self, scope: int) -> list[tuple[type[Filter], FilterFactory]]:
         """The shared features' filters for a listener of ``scope``, in chain order."""
 
-    def bootstrap_targets(self) -> list[tuple[str, int]]: ...
+    bootstrap_routes: BootstrapRoutes  # where each bootstrap connection goes (its scope)
 
     def spawn(self, coro: Any) -> None: ...
 
@@ -244,20 +245,25 @@ class ListenerKind:
         """Listen on the bootstrap port."""
         listen = self.kind.bootstrap
         name = self.listener(BOOTSTRAP)
-        targets = self.host.bootstrap_targets
+        routes = self.host.bootstrap_routes
 
         def ctx() -> ConnectionContext:  # per connection: features may start later (capture)
+            # (the listener's filters: fetch routing stays off; each connection's scope is the
+            # broker chosen for it at accept, ``proxy.bootstrap``)
             return self.context(name, BOOTSTRAP_SCOPE)
+
+        def targets(scope: int) -> Callable[[], list[Target]]:
+            return partial(routes.targets, scope)
 
         try:
             sock = listen_socket(listen.host, listen.port, self.host.reuse_port)
             if self.secured:
-                server: Server = self._secured_server(name, sock, ctx, targets, BOOTSTRAP_SCOPE)
+                server: Server = self._secured_server(name, sock, ctx, targets, routes.choose)
             else:
                 server = await asyncio.get_running_loop().create_server(
                     self.host.connection_rates.protocol_factory(
-                        name, self.name, BOOTSTRAP_SCOPE,
-                        lambda: ProxiedConnection(ctx(), targets)),
+                        name, self.name, routes.choose,
+                        lambda scope: ProxiedConnection(ctx(), targets(scope), scope=scope)),
                     sock=sock, backlog=1024)
         except OSError as exc:
             raise StartupError(f"cannot listen on {self.at}.bootstrap {listen}: "
@@ -271,9 +277,12 @@ class ListenerKind:
         name = self.listener(f"broker-{broker.node_id}")
         node_id = broker.node_id
 
-        def targets() -> list[tuple[str, int]]:
+        def resolve() -> list[Target]:
             b = self.registry.get(node_id)
-            return [(b.host, b.port)] if b else []
+            return [(b.host, b.port, node_id)] if b else []
+
+        def targets(scope: int) -> Callable[[], list[Target]]:
+            return resolve
 
         def ctx() -> ConnectionContext:  # per connection: features may start later (capture)
             return self.context(name, node_id)
@@ -283,7 +292,7 @@ class ListenerKind:
             servers[name] = self._secured_server(name, sock, ctx, targets, node_id)
             return
         factory = self.host.connection_rates.protocol_factory(
-            name, self.name, node_id, lambda: ProxiedConnection(ctx(), targets))
+            name, self.name, node_id, lambda scope: ProxiedConnection(ctx(), resolve))
 
         async def serve() -> None:
             loop = asyncio.get_running_loop()
@@ -293,8 +302,9 @@ class ListenerKind:
 
     def _secured_server(self, name: str, sock: socket.socket,
                         ctx: Callable[[], ConnectionContext],
-                        targets: Callable[[], list[tuple[str, int]]],
-                        scope: int) -> SecuredServer:
+                        targets: Callable[[int], Callable[[], list[Target]]],
+                        scope: int | Callable[[], int]) -> SecuredServer:
+        """``targets(scope)``: what a connection accepted with ``scope`` dials."""
         stats = self.host.stats
 
         def refused(reason: str) -> None:
@@ -305,7 +315,7 @@ class ListenerKind:
         return SecuredServer(
             sock, None if proxy_protocol == "none" else proxy_protocol,
             self.tls.front if self.tls is not None else None,
-            lambda source: connection(ctx(), targets, source),
+            lambda source, chosen: connection(ctx(), targets(chosen), source, scope=chosen),
             self.host.config.network.request_header_timeout_seconds, refused, name,
             self.host.connection_rates, self.name, scope, self.host.slots, self.trusted)
 

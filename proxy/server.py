@@ -1,6 +1,8 @@
 """The proxy: startup -> serve -> graceful shutdown.
 
-- a bootstrap listener whose connections go to any upstream bootstrap server;
+- a bootstrap listener whose connections each go to one upstream broker, chosen at accept
+  in turn among the known ones (``proxy.bootstrap``: its budgets are that broker's), or to
+  any upstream bootstrap server while none is known;
 - one listener per upstream broker (node id), each connection going to that broker;
 - the broker list is learnt from the cluster at start, refreshed periodically, and extended
   by every response the proxy rewrites;
@@ -25,6 +27,7 @@ from config.errors import ConfigError
 from config.loading import load_config
 from config.schema import HostPort, ProxyConfig
 from proxy.admission import ConnectionSlots
+from proxy.bootstrap import BootstrapRoutes
 from proxy.capture_writer import Capture
 from proxy.clock import now_ms
 from proxy.cluster import OwnIdentity, fetch_brokers
@@ -150,6 +153,10 @@ class Proxy:
         self._bootstrap_rr = 0
         self.cluster_reachable = asyncio.Event()
         self.live_brokers: set[int] = set()  # node ids in the latest metadata
+        # the broker each bootstrap connection goes to, whose budgets it uses
+        self.bootstrap_routes = BootstrapRoutes(
+            self.registry, [(s.host, s.port) for s in config.upstream.bootstrap_servers],
+            lambda: self.live_brokers)
         self.storage: StorageWatch | None = None
         if config.storage is not None:
             self.storage = StorageWatch(config.storage, self.quotas,
@@ -210,6 +217,8 @@ class Proxy:
              partial(ControllerMutationFilter, mutations=self.mutations))]
         if self.storage is not None:
             made.append((StorageFilter, partial(StorageFilter, storage=self.storage)))
+        # (not on the bootstrap listener: clients fetch from the leader's port; a bootstrap
+        # connection's broker is chosen per connection and may change if it is unreachable)
         if self.routing.enabled and scope != BOOTSTRAP_SCOPE:
             made.append((FetchRoutingFilter, partial(FetchRoutingFilter, routing=self.routing)))
         if self.capture is not None:
@@ -320,6 +329,7 @@ class Proxy:
         task.add_done_callback(self._tasks.discard)
 
     def bootstrap_targets(self) -> list[tuple[str, int]]:
+        """The bootstrap servers, beginning with the next in turn (metadata refreshes)."""
         servers = [(s.host, s.port) for s in self.config.upstream.bootstrap_servers]
         i = self._bootstrap_rr % len(servers)
         self._bootstrap_rr += 1

@@ -1,8 +1,10 @@
 """The proxy's quota state: one quota manager per upstream broker, and the storage scaling.
 
 Kafka enforces quotas per broker (seed 000: "each client can publish/fetch a maximum of X MBps
-per broker"), so the proxy keeps one ``QuotaManager`` per upstream node id; connections to the
-bootstrap listener (metadata, mostly) get one of their own. Time comes in as an argument
+per broker"), so the proxy keeps one ``QuotaManager`` per upstream node id, whichever proxy port
+reached the broker (a bootstrap connection uses the budgets of the broker it goes to); only
+bootstrap connections whose broker cannot be known (none known yet) get one of their own,
+``BOOTSTRAP_SCOPE``. Time comes in as an argument
 (milliseconds of a monotonic clock: ``proxy.clock.now_ms`` live).
 """
 

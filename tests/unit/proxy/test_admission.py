@@ -78,9 +78,9 @@ async def test_secured_server_trusted_sources_and_per_address_slots() -> None:
     protocols: list[Conn] = []
     refused: list[str] = []
 
-    def make(source: tuple[str, int] | None) -> asyncio.Protocol:
+    def make(source: tuple[str, int] | None, scope: int) -> asyncio.Protocol:
         made.append(source)
-        protocols.append(Conn())
+        protocols.append(Conn(scope))
         return protocols[-1]
 
     def serve(trusted: list[str]) -> SecuredServer:

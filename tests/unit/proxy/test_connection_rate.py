@@ -72,7 +72,8 @@ class Transport:
 
 
 class Conn(asyncio.Protocol):
-    def __init__(self) -> None:
+    def __init__(self, scope: int = -1) -> None:
+        self.scope = scope  # chosen at accept
         self.transport: Any = None
         self.data: list[bytes] = []
 
@@ -87,8 +88,8 @@ def accept(g: ConnectionRateGuard, peer: str = "10.0.0.1"
            ) -> tuple[Transport, _GatedAccept, list[Conn]]:
     made: list[Conn] = []
 
-    def make() -> Conn:
-        made.append(Conn())
+    def make(scope: int) -> Conn:
+        made.append(Conn(scope))
         return made[-1]
 
     protocol = g.protocol_factory("bootstrap", None, -1, make)()
@@ -180,9 +181,9 @@ async def test_the_proxy_header_source_is_the_address_and_no_handshake_when_thro
     port = sock.getsockname()[1]
     made: list[tuple[str, int] | None] = []
 
-    def make(source: tuple[str, int] | None) -> asyncio.Protocol:
+    def make(source: tuple[str, int] | None, scope: int) -> asyncio.Protocol:
         made.append(source)
-        return Conn()
+        return Conn(scope)
 
     server = SecuredServer(sock, "v1", None, make, 5.0, lambda reason: None, "LB:bootstrap",
                            g, "LB", -1)
