@@ -4,9 +4,10 @@ proxy's state goes back to where it started once they expire.
 
 The proxy (SASL_PLAINTEXT listeners, ``sasl.mode: inspect``) sits before a SASL front
 (``tests.support.secure_front``, in a process of its own) on a tansu broker; the front accepts
-any PLAIN user whose password is its name. One quota, ``{user: <default>, client-id:
-<default>, request_percentage: 1e9}``, gives every (user, client-id) a budget of its own that
-never throttles (Kafka's sensors likewise), so every request creates or touches one.
+any PLAIN user whose password is its name. Two quotas make every new name a budget, neither
+throttling anyone: ``{client-id: drill-nobody, request_percentage: 1}`` has the proxy record
+every request's time, into a budget per client-id (as Kafka does for the client-ids no quota
+names), and ``{user: <default>, consumer_byte_rate: 1e12}`` gives every user a fetch budget.
 
 - client-ids: ``--connections`` connections authenticate once (user ``churn-clients``) and
   send pipelined ApiVersions v0 requests, each with a client-id of its own (the header
@@ -21,7 +22,7 @@ to their baseline once traffic stops, and reports the RSS at the baseline, the p
 expiry, and the entries per structure.
 
     python bench/drill_churn.py                      # 1,000,000 client-ids, 100,000 users
-    python bench/drill_churn.py --client-ids 50000 --users 2000 --expiry 10   # the suite's
+    python bench/drill_churn.py --client-ids 20000 --users 1000 --expiry 4    # the suite's
 """
 
 from __future__ import annotations

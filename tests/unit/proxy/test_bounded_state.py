@@ -120,3 +120,21 @@ def test_fetch_redirects_remembered_are_bounded() -> None:
     # the newest are remembered: back at the leader too soon, it serves them
     last = f"churn-{REDIRECTED_LIMIT * 2 - 1}"
     assert routing.chooser(last, decisions)("t", 0, -1) is None
+
+
+def test_sensor_idle_expiry_is_configurable_and_applies_to_every_broker() -> None:
+    from config.schema import QuotasConfig
+    from quota.enforcer import QuotaEnforcer
+
+    assert QuotasConfig().sensor_idle_expiry_seconds == 3600  # Kafka's hour
+    config = QuotasConfig.model_validate({
+        "sensor_idle_expiry_seconds": 5,
+        "entities": [{"client-id": "<default>", "request_percentage": 50}]})
+    enforcer = QuotaEnforcer(config.settings(), int(config.sensor_idle_expiry_seconds * 1000))
+    for broker in (-1, 1, 2):
+        enforcer.manager(broker).record(QuotaType.REQUEST, "", f"c{broker}", 0.01, 1_000)
+    assert enforcer.entries()[0] == 3
+    assert enforcer.expire(5_999) == 0
+    assert enforcer.expire(6_000) == 3 and enforcer.entries() == (0, 0)
+    enforcer.manager(1).record(QuotaType.REQUEST, "", "c", 0.01, 10_000)
+    assert enforcer.expire(12_000, idle_expiry_ms=1_000) == 1  # (a reload's new expiry)
