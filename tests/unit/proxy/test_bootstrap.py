@@ -90,3 +90,56 @@ async def test_bootstrap_and_broker_ports_share_an_address_sensor() -> None:
         bootstrap().connection_made(Transport("10.0.0.1"))  # type: ignore[arg-type]
     assert [c.scope for c in made] == [1, 1, 2] and g.held == 3
     g.close_all()
+
+
+async def test_a_bootstrap_connection_takes_the_scope_of_the_broker_it_reached() -> None:
+    """Brokers 5 (unreachable) and 6 known: a bootstrap connection accepted for 5 tries it,
+    then 6, and uses 6's budgets; the next one goes to 6 in turn."""
+    import asyncio
+
+    from config.loading import parse_config
+    from demo.embedded_broker import free_port, free_port_range
+    from proxy.server import Proxy
+
+    reached = 0
+
+    async def upstream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal reached
+        reached += 1
+        await reader.read()
+        writer.close()
+
+    broker6 = await asyncio.start_server(upstream, "127.0.0.1", 0)
+    port6 = broker6.sockets[0].getsockname()[1]
+    base, _ = free_port_range(5)
+    proxy = Proxy(parse_config(f"""
+listeners:
+  bootstrap: "127.0.0.1:{free_port()}"
+  advertised_host: "127.0.0.1"
+  broker_ports: "{base}-{base + 4}"
+upstream:
+  bootstrap_servers: ["127.0.0.1:{port6}"]
+"""))
+    writers = []
+    try:
+        proxy.main.listening.advertise(5, "127.0.0.1", free_port(), None)  # nothing listens
+        proxy.main.listening.advertise(6, "127.0.0.1", port6, None)
+        proxy.live_brokers = {5, 6}
+        await proxy.main.start()
+        for expected in (1, 2):
+            _, writer = await asyncio.open_connection(
+                "127.0.0.1", proxy.config.listeners.bootstrap.port)
+            writers.append(writer)
+            while reached < expected:
+                await asyncio.sleep(0.01)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        while (sorted(c.client.scope for c in proxy.connections) != [6, 6]
+               and loop.time() < deadline):  # (set once the upstream connection is made)
+            await asyncio.sleep(0.01)
+        assert sorted(c.client.scope for c in proxy.connections) == [6, 6]
+    finally:
+        for writer in writers:
+            writer.close()
+        await proxy.shutdown()
+        broker6.close()
