@@ -47,11 +47,10 @@ from bench.drill_common import (
     ProcessWatch,
     ProxyProcess,
     print_figures,
-    tansu_broker,
     traceback_lines,
     wait_for,
 )
-from demo.embedded_broker import free_port, wait_for_port
+from demo.embedded_broker import TansuBroker, free_port, wait_for_port
 from protocol.primitives import INT32
 from tests.support.frames import request_frame
 
@@ -94,8 +93,20 @@ class _Forgetful(list[str]):
 
 
 @contextlib.contextmanager
-def front_process(tansu_port: int) -> Iterator[int]:
+def broker_behind_front(log_path: str) -> Iterator[int]:
+    """tansu, advertising the front's port (every connection to "the broker" goes through
+    the front, the proxy's included), and the front; yields the front's port."""
     port = free_port()
+    tansu = TansuBroker(advertised_port=port, log_path=log_path).start()
+    try:
+        with front_process(tansu.port, port):
+            yield port
+    finally:
+        tansu.stop()
+
+
+@contextlib.contextmanager
+def front_process(tansu_port: int, port: int) -> Iterator[int]:
     process = subprocess.Popen(
         [sys.executable, __file__, "--front", str(tansu_port), str(port)],
         stdin=subprocess.DEVNULL, start_new_session=True)
@@ -305,8 +316,7 @@ def run(client_ids: int = 1_000_000, users: int = 100_000, connections: int = 16
                                "rounds": rounds, "expiry_seconds": expiry}
     listeners, upstream, quotas = _yaml(expiry, workdir)
     mb = 1 << 20
-    with tansu_broker(str(workdir / "tansu.log")) as tansu, \
-            front_process(tansu.port) as front_port:
+    with broker_behind_front(str(workdir / "tansu.log")) as front_port:
         proxy = ProxyProcess(f"127.0.0.1:{front_port}", workdir=workdir / "proxy",
                              listeners_yaml=listeners, upstream_yaml=upstream,
                              extra_yaml=quotas, log_level="warning")
@@ -347,9 +357,13 @@ def run(client_ids: int = 1_000_000, users: int = 100_000, connections: int = 16
                 took = churn_users(port, users, user_connections, first=r * 10**8)
                 figures[f"r{r}_users_per_second"] = users / took
                 quiet = time.monotonic()
-                wait_for(lambda: all(v <= baseline.get(k, 0) for k, v in sample().items()),
-                         expiry * 3 + 60, interval=0.5,
-                         what="every structure back at its baseline")
+                try:
+                    wait_for(lambda: all(v <= baseline.get(k, 0)
+                                         for k, v in sample().items()),
+                             expiry * 3 + 60, interval=0.5,
+                             what="every structure back at its baseline")
+                except AssertionError as exc:
+                    raise AssertionError(f"{exc}: {sample()} (baseline {baseline})") from None
                 figures[f"r{r}_seconds_to_baseline"] = time.monotonic() - quiet
                 stop.wait(sample_seconds * 2)  # (an RSS sample or two after the expiry)
                 figures[f"r{r}_rss_peak_mb"] = max(watch.rss[begin:]) / mb

@@ -128,8 +128,8 @@ class QuotaManager:
         self.settings = settings
         self._by_type = {qt: settings.for_type(qt) for qt in QuotaType}
         # (quota type, user, client-id) -> resolution, and -> the sensor of its budget (one
-        # lookup on the hot path); both cleared on config change and expiry, and each when it
-        # reaches CACHE_LIMIT entries
+        # lookup on the hot path); both cleared on config change and at every expiry run, and
+        # each when it reaches CACHE_LIMIT entries
         self._resolved: dict[tuple[QuotaType, str, str], Resolution] = {}
         self._sensor_of: dict[tuple[QuotaType, str, str], Sensor] = {}
         self.storage = StorageScaling() if storage is None else storage
@@ -319,11 +319,13 @@ class QuotaManager:
                 if now_ms - s.last_record_ms >= self.idle_expiry_ms]
         for k in idle:
             del self.sensors[k]
-        if idle:
-            self._resolved.clear()  # keeps the caches bounded by the live client-ids
-            self._sensor_of.clear()
-            if len(idle) > len(self.sensors):  # (a dict never shrinks its table by itself)
-                self.sensors = dict(self.sensors)
+        # The caches start afresh at every run, budgets expired or not: a manager that only
+        # resolves (``QuotaEnforcer.limits``) has no budget to expire, and the (user,
+        # client-id) pairs it has seen are worth nothing once gone.
+        self._resolved.clear()
+        self._sensor_of.clear()
+        if len(idle) > len(self.sensors):  # (a dict never shrinks its table by itself)
+            self.sensors = dict(self.sensors)
         return len(idle)
 
     def cache_entries(self) -> int:

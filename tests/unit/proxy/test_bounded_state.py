@@ -138,3 +138,15 @@ def test_sensor_idle_expiry_is_configurable_and_applies_to_every_broker() -> Non
     assert enforcer.expire(6_000) == 3 and enforcer.entries() == (0, 0)
     enforcer.manager(1).record(QuotaType.REQUEST, "", "c", 0.01, 10_000)
     assert enforcer.expire(12_000, idle_expiry_ms=1_000) == 1  # (a reload's new expiry)
+
+
+def test_caches_of_a_manager_that_only_resolves_are_cleared_at_every_expiry_run() -> None:
+    """``QuotaEnforcer.limits`` resolves in one manager while the budgets are recorded in
+    another (the broker's): the first has no budget to expire, its caches go all the same."""
+    settings = QuotaSettings(entities={EntityKey(client_id=DEFAULT): {QuotaType.REQUEST: 50}})
+    m = QuotaManager(settings, idle_expiry_ms=10_000)
+    for i in range(1_000):
+        m.resolve(QuotaType.REQUEST, "", f"churn-{i}")
+    assert m.cache_entries() == 1_000 and not m.sensors
+    assert m.expire(1_000) == 0
+    assert m.cache_entries() == 0
