@@ -383,9 +383,11 @@ class ProxiedConnection(asyncio.Protocol):
             asyncio.get_running_loop().call_soon(self._intercepted, b"")
 
     def _read_held(self) -> None:
-        """Reading resumed: go on with requests held back while paused."""
+        """Reading resumed: go on with requests held back while paused. (The class's reading,
+        not ``self.data_received``: while a SASL-terminating listener still intercepts the
+        client's bytes, what is held was forwarded by the interception already.)"""
         if self.requests.held and self._may_read_next():
-            self.data_received(b"")
+            ProxiedConnection.data_received(self, b"")
 
     def _handle_requests(self, forward: Buffer | bytearray, events: list[InFlight]) -> None:
         chain = self.chain
