@@ -282,7 +282,10 @@ class RequestStream:
             if self._gated and (header.client_id or "") != self.client_id:
                 # another client-id's frame: its own limits first
                 self.next_client_id = header.client_id or ""
-                self._held = data[pos:]
+                if end > n:  # still arriving: it stays the frame under way (``mid_frame``)
+                    self._pending = bytearray(memoryview(data)[pos:])
+                else:
+                    self._held = data[pos:]
                 break
             api_key = header.api_key
             if (end > n and self._whole is not None
