@@ -308,8 +308,6 @@ class ProxiedConnection(asyncio.Protocol):
                 self.frame_started = None
             was_mid = self.requests.mid_frame
             self._handle_requests(forward, events)
-            if self.requests.mid_frame:  # a frame in progress goes on
-                return
             switched = self.requests.next_client_id
             if switched is not None:
                 # The read stopped before a frame of another client-id (a connection's first
@@ -325,6 +323,8 @@ class ProxiedConnection(asyncio.Protocol):
                     return
                 data = b""
                 continue
+            if self.requests.mid_frame:  # a frame in progress goes on
+                return
             if not limited:
                 if not self.requests.held:
                     return
@@ -386,8 +386,9 @@ class ProxiedConnection(asyncio.Protocol):
         """Reading resumed: go on with requests held back while paused. (The class's reading,
         not ``self.data_received``: while a SASL-terminating listener still intercepts the
         client's bytes, what is held was forwarded by the interception already.)"""
-        if self.requests.held and self._may_read_next():
-            ProxiedConnection.data_received(self, b"")
+        requests = self.requests
+        if (requests.held or requests.reading_header) and self._may_read_next():
+            ProxiedConnection.data_received(self, b"")  # (a frame begun waits in reading_header)
 
     def _handle_requests(self, forward: Buffer | bytearray, events: list[InFlight]) -> None:
         chain = self.chain
