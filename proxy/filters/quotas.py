@@ -96,7 +96,11 @@ class QuotaFilter(Filter):
         joined = self._joined
         waiting = 0
         if api_key == _PRODUCE:
-            if QuotaType.PRODUCE in limits and QuotaType.PRODUCE not in joined:
+            # (scaled to 0: the storage PAUSE, whose own hold parks the request until the
+            # state changes, counted in kafka_proxy_storage_held_connections)
+            if (QuotaType.PRODUCE in limits and QuotaType.PRODUCE not in joined
+                    and (self.quotas.produce_scale != 0 or self.quotas.storage_exempt(
+                        self.client.user, self.client.client_id or ""))):
                 waiting = self._over(QuotaType.PRODUCE)
         elif api_key == _FETCH and QuotaType.FETCH in limits and QuotaType.FETCH not in joined:
             waiting = self._over(QuotaType.FETCH)

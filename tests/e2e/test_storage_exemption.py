@@ -60,11 +60,6 @@ class Producing:
         self.producer.flush(0)
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "regression open in issue 26: the ANONYMOUS client calling itself volume-agent is no "
-    "longer seen held (kafka_proxy_storage_held_connections) during PAUSE since the later "
-    "trust-boundary changes; cause not found yet (not the gating of first requests, not the "
-    "bootstrap routing)"))
 def test_only_the_exempt_principal_produces_during_pause(tansu: TansuBroker,
                                                          tmp_path: Path) -> None:
     certs = Certs(tmp_path, "storage")
