@@ -823,6 +823,13 @@ class Fuzzer:
             if frame.effect == CLOSE:
                 break
         refused = frames.pop() if frames[-1].effect == CLOSE else None
+        if refused is not None:
+            # A damaged Fetch the topic guard must read (a replica id: a client posing as a
+            # follower) and cannot is refused: the proxy reads nothing more and closes once
+            # what came before it is answered (as Kafka, reading one request at a time), so
+            # the frame that must close the connection would never be read
+            frames = [f for f in frames
+                      if not (f.effect == BODY and f.api_key == apis.ApiKey.FETCH)]
         frames.sort(key=self._risk)
         if refused is not None:
             frames.append(refused)
@@ -858,6 +865,8 @@ class Fuzzer:
         """Sort key: frames that may end the connection last (the more likely, the later)."""
         if frame.effect == FRAMING:
             return 2.0
+        if frame.effect == BODY and frame.api_key == apis.ApiKey.FETCH:
+            return 1.5  # a damaged follower fetch is refused: nothing after it is read
         key = (frame.api_key, frame.version, frame.effect)
         return (self.ended[key] + 0.5) / (self.ended[key] + self.answered[key] + 1)
 

@@ -14,6 +14,7 @@ side pauses until it drains.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import ssl
 import time
@@ -47,6 +48,10 @@ _clock = time.monotonic
 _TLS_HELLO = frozenset(bytes((0x16, 3, minor)) for minor in range(5))
 FINISH_LINGER_S = 1.0  # draining: how long to wait for the client to close after our FIN
 CLOSE_LINGER_S = 10.0  # how long a closed connection's unsent bytes wait for a slow client
+# How long the requests before a refused one may take to be answered (``refuse``): what a
+# broker answers at once (a long poll past this is cut short: the client asked for what is
+# refused, and holds nothing of the broker's or the proxy's longer)
+REFUSAL_WAIT_S = 3.0
 
 
 class ProxiedConnection(asyncio.Protocol):
@@ -117,6 +122,9 @@ class ProxiedConnection(asyncio.Protocol):
         self.last_active = _clock()
         self.frame_started: float | None = None
         self._finishing = False  # draining: answered, FIN sent, what comes is discarded
+        # A request the proxy refuses (``refuse``): the request, the reason and its detail;
+        # the connection closes once every request before it is answered
+        self._refusing: tuple[InFlight, str, str] | None = None
         # The proxy's time on requests (``data_received``): those the current read completed,
         # and the time spent so far on a frame still arriving.
         self._read_now: list[InFlight] = []
@@ -275,8 +283,9 @@ class ProxiedConnection(asyncio.Protocol):
             self._reading_ms = work if self.requests.mid_frame else 0.0
 
     def _read_requests(self, data: bytes) -> None:
-        if self._finishing:  # sent after draining began: never answered (the client saw FIN)
-            return
+        if self._finishing or self._refusing is not None:
+            return  # sent after draining began (the client saw FIN) or after a refused request
+            # (discarded, never answered)
         now = self.last_active = _clock()
         was_mid = self.requests.mid_frame
         while not self.closed:
@@ -308,6 +317,8 @@ class ProxiedConnection(asyncio.Protocol):
                 self.frame_started = None
             was_mid = self.requests.mid_frame
             self._handle_requests(forward, events)
+            if self._refusing is not None:  # the rest is discarded (``refuse``)
+                return
             switched = self.requests.next_client_id
             if switched is not None:
                 # The read stopped before a frame of another client-id (a connection's first
@@ -394,8 +405,19 @@ class ProxiedConnection(asyncio.Protocol):
         chain = self.chain
         if self.requests.captured:
             captured, self.requests.captured = self.requests.captured, []
-            forward = patch_captured(self.requests, forward, events, captured,
-                                     self._request_frame)
+            patched = patch_captured(self.requests, forward, events, captured,
+                                     self._request_frame, self._refused)
+            if patched is None:  # a request refused where it cannot be cut out
+                refusing = self._refusing
+                assert refusing is not None
+                self.close(refusing[1], detail=refusing[2], side="client")
+                return
+            forward = patched
+            if self._refusing is not None:
+                before = self._cut_at_refused(events)
+                if before is None:
+                    return
+                events = before
         if self.requests.measured:
             measured, self.requests.measured = self.requests.measured, []
             for entry in measured:
@@ -444,13 +466,57 @@ class ProxiedConnection(asyncio.Protocol):
 
     def _request_frame(self, entry: InFlight, frame: bytes, patchable: bool) -> bytes | None:
         """Each filter sees the frame as the ones before it left it (the topic guard first:
-        the controller mutation quota then counts what goes on without the proxy's topics)."""
+        the controller mutation quota then counts what goes on without the proxy's topics);
+        a frame one of them refused goes no further."""
         replaced = None
         for hook in self.chain.request_frame:
             patched = hook(entry, frame, patchable)
+            if self._refusing is not None or self.closed:
+                return None
             if patched is not None:
                 frame = replaced = patched
         return replaced
+
+    # ------------------------------------------------------------------ refusals
+    def refuse(self, entry: InFlight, reason: str, detail: str) -> None:
+        """A request the proxy will not forward and cannot answer (see ``FilterHost``): the
+        connection reads nothing more, answers every request before it, then closes. (Kafka
+        reads one request at a time per connection: what a client sent before a request its
+        broker refuses to handle is answered before the connection closes.)"""
+        if self.closed or self._refusing is not None:
+            return
+        self._refusing = (entry, reason, detail)
+        # What the client sends from now on is read and discarded (``_read_requests``): a
+        # client that hangs up is seen at once
+        self.client_gate.open()
+
+    def _refused(self, entry: InFlight) -> bool:
+        refusing = self._refusing
+        return refusing is not None and refusing[0] is entry
+
+    def _cut_at_refused(self, events: list[InFlight]) -> list[InFlight] | None:
+        """The requests read before the refused one (which, with those read after it, never
+        goes upstream nor stays in flight); None once the connection is closed: nothing was
+        left to answer, or the refused request came in an earlier read."""
+        refusing = self._refusing
+        assert refusing is not None
+        entry, reason, detail = refusing
+        at = next((i for i, e in enumerate(events) if e is entry), None)
+        if at is None:  # its header went with an earlier read: its hooks ran, close now
+            self.close(reason, detail=detail, side="client")
+            return None
+        table = self.table
+        for dropped in events[at:]:
+            if dropped.correlation_id in table and dropped.expects_response:
+                table.pop(dropped.correlation_id)
+        if not table:
+            self.close(reason, detail=detail, side="client")
+            return None
+        log.info("request_refused", connection=self.id, client=self.peer, reason=reason,
+                 detail=detail, answering=len(table))
+        asyncio.get_running_loop().call_later(
+            REFUSAL_WAIT_S, functools.partial(self.close, reason, detail=detail, side="client"))
+        return events[:at]
 
     def eof_received(self) -> bool | None:
         self._client_gone(None)
@@ -481,6 +547,8 @@ class ProxiedConnection(asyncio.Protocol):
 
     def mute(self, throttle_ms: int) -> None:
         """KIP-219: read nothing more from this client until the throttle time has passed."""
+        if self._refusing is not None:  # nothing more is read but to be discarded
+            return
         loop = asyncio.get_running_loop()
         until = loop.time() + throttle_ms / 1000.0
         if until <= self._muted_until:
@@ -553,8 +621,12 @@ class ProxiedConnection(asyncio.Protocol):
                     hook(entry)
             if self.client_gate.has("serial") and self._may_read_next():
                 self.client_gate.resume("serial")  # reads held requests unless still muted
-            if self.ctx.host.draining and not self.table:
-                self.finish()
+            if not self.table:
+                if self._refusing is not None:  # what came before the refused one answered
+                    _, reason, detail = self._refusing
+                    self.close(reason, detail=detail, side="client")
+                elif self.ctx.host.draining:
+                    self.finish()
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -628,11 +700,15 @@ class ProxiedConnection(asyncio.Protocol):
 
 def patch_captured(requests: RequestStream, forward: Buffer | bytearray, events: list[InFlight],
                    captured: list[tuple[InFlight, bytes]],
-                   visit: Callable[[InFlight, bytes, bool], bytes | None]) -> Buffer | bytearray:
+                   visit: Callable[[InFlight, bytes, bool], bytes | None],
+                   refused: Callable[[InFlight], bool] = lambda entry: False,
+                   ) -> Buffer | bytearray | None:
     """The requests captured whole on their way upstream, each given to ``visit(entry, frame,
     patchable)``; a frame ``visit`` replaces is patched in ``forward`` when its whole frame is
     there (``patchable``: else it goes as the client sent it). A replacement of another size
-    (a request forwarded without some of its topics) gets its own size prefix."""
+    (a request forwarded without some of its topics) gets its own size prefix. A frame
+    ``visit`` refused (``refused(entry)``) is cut out with everything after it (None when its
+    whole frame is not there to cut at: part of it may have gone upstream already)."""
     starts: dict[int, int] = {}
     if not (requests.mid_frame and not requests.buffered):
         # ``forward`` ends with the last frame read: the frames read now end to end
@@ -646,6 +722,11 @@ def patch_captured(requests: RequestStream, forward: Buffer | bytearray, events:
         at = offsets.get(id(entry), starts.get(id(entry), -1))
         whole = at >= 4 and forward[at : at + len(frame)] == frame
         patched = visit(entry, frame, whole)
+        if refused(entry):
+            if not whole:
+                return None
+            forward = forward[: at - 4]  # (the frames after it are not visited)
+            break
         if patched is not None:
             patches.append((at, len(frame), patched))
     if not patches:

@@ -85,7 +85,7 @@ class TopicGuardFilter(Filter):
                     client_id=entry.client_id,
                     topics=[n or str(i) for n, i, _ in watch.refused])
         if entry.api_version < 3 and entry.expects_response:  # (no schema to answer with)
-            self._close(entry, "produce_version")
+            self._close(entry, "produce_version", at_once=True)  # (no whole frame to cut)
             return
         entry.refused = Produce(watch.refused)
 
@@ -176,10 +176,14 @@ class TopicGuardFilter(Filter):
             return None
         return replacement
 
-    def _close(self, entry: InFlight, reason: str) -> None:
+    def _close(self, entry: InFlight, reason: str, at_once: bool = False) -> None:
+        """Refuse the request: the connection answers what came before it, then closes."""
         guard = self.guard
         guard.closed[reason] = guard.closed.get(reason, 0) + 1
-        self.host.close("guarded_topic", side="client",
-                        detail=f"{apis.api_name(entry.api_key)} v{entry.api_version} names a "
-                        f"topic of the proxy and cannot be rewritten ({reason})")
+        detail = (f"{apis.api_name(entry.api_key)} v{entry.api_version} names a topic of the "
+                  f"proxy and cannot be rewritten ({reason})")
+        if at_once:
+            self.host.close("guarded_topic", detail=detail, side="client")
+        else:
+            self.host.refuse(entry, "guarded_topic", detail)
 

@@ -360,3 +360,31 @@ def test_the_proxys_own_clients_still_use_their_topics(
         wait_for(described, 10, what="the override to be read back")
     finally:
         admin.client.close()
+
+
+def test_a_refused_request_closes_after_what_came_before_it_is_answered(
+        tansu: TansuBroker, guarded_proxy: ProxyProcess) -> None:
+    """A request the guard must refuse and cannot answer (a follower fetch whose body does
+    not parse) closes the connection, as Kafka closes on a request it cannot read; but, as
+    Kafka reads one request at a time, the requests pipelined before it are answered first,
+    and nothing after it goes upstream."""
+    port = guarded_proxy.broker_port(111)
+    topic = new_topic(guarded_proxy.bootstrap, "refused")
+    md: Any = __import__("kio.schema.metadata.v12.request", fromlist=["_"])
+    with KafkaWire("127.0.0.1", port, client_id="pipeliner") as wire:
+        before = wire.encode(3, 12, topics=(md.MetadataRequestTopic(topic_id=None, name=topic),),
+                             allow_auto_topic_creation=False,
+                             include_topic_authorized_operations=False)
+        follower = wire.encode(1, 12, **_fetch_fields(12, [topic], replica_id=111))
+        # the body cut short within its topics array (the frame's own size still right)
+        spoiled = follower[4:-30]
+        spoiled = len(spoiled).to_bytes(4, "big") + spoiled
+        after = wire.encode(18, 0)
+        wire.send_raw(before + spoiled + after)
+        answered = _read_response(wire, 3, 12)
+        assert [t.name for t in answered.topics] == [topic], answered
+        assert wire.is_closed_by_peer(15), "the connection stayed open after the refusal"
+    closed = guarded_proxy.metrics()
+    assert closed.get(
+        'kafka_proxy_guarded_topic_connections_closed_total{reason="replica_fetch_unread"}',
+        0) >= 1, {k: v for k, v in closed.items() if "guarded" in k}

@@ -27,6 +27,9 @@ class Host:
     def close(self, reason: str, *, detail: str | None = None, side: str | None = None) -> None:
         self.closed.append((reason, detail))
 
+    def refuse(self, entry: InFlight, reason: str, detail: str) -> None:
+        self.closed.append((reason, detail))
+
 
 def _filter() -> tuple[TopicGuardFilter, Host, TopicGuard]:
     host = Host()

@@ -1,0 +1,58 @@
+"""A request refused where it stands (``patch_captured`` with ``refused``): the frames before
+it go upstream byte for byte, patched as usual; it and everything read after it go nowhere;
+a refused frame not whole in the read (part of it may be upstream) cannot be cut."""
+
+from __future__ import annotations
+
+from protocol.correlation import CorrelationTable, InFlight
+from protocol.request_stream import RequestStream
+from proxy.connection import patch_captured
+from tests.support.frames import request_frame
+
+
+def _stream() -> RequestStream:
+    # every Metadata (3) read whole and given to the visitor
+    return RequestStream(CorrelationTable(), capture=lambda e: e.api_key == 3,
+                         whole=lambda key, version: key == 3)
+
+
+def test_the_refused_frame_and_all_after_it_are_cut_out() -> None:
+    first = request_frame(3, 12, 1, "c", b"\x01\x00\x00")
+    refused = request_frame(3, 12, 2, "c", b"\x02\x00\x00")
+    after = request_frame(18, 3, 3, "c", b"\x01\x01\x00")
+    stream = _stream()
+    forward, events = stream.feed(first + refused + after)
+    visited: list[int] = []
+
+    def visit(entry: InFlight, frame: bytes, patchable: bool) -> bytes | None:
+        visited.append(entry.correlation_id)
+        return None
+
+    out = patch_captured(stream, forward, events, stream.captured, visit,
+                         lambda e: e.correlation_id == 2)
+    assert out is not None and bytes(out) == first
+    assert visited == [1, 2]  # nothing after the refused one is visited
+
+
+def test_patches_before_the_refused_frame_still_apply() -> None:
+    first = request_frame(3, 12, 1, "c", b"\x01\x00\x00")
+    refused = request_frame(3, 12, 2, "c", b"\x02\x00\x00")
+    stream = _stream()
+    forward, events = stream.feed(first + refused)
+    longer = first[4:] + b"\x00\x00"  # a replacement of another size
+
+    def visit(entry: InFlight, frame: bytes, patchable: bool) -> bytes | None:
+        return longer if entry.correlation_id == 1 else None
+
+    out = patch_captured(stream, forward, events, stream.captured, visit,
+                         lambda e: e.correlation_id == 2)
+    assert out is not None and bytes(out) == len(longer).to_bytes(4, "big") + longer
+
+
+def test_a_refused_frame_not_whole_in_the_read_cannot_be_cut() -> None:
+    refused = request_frame(3, 12, 2, "c", b"\x02\x00\x00")
+    stream = _stream()
+    forward, events = stream.feed(refused)
+    out = patch_captured(stream, b"", events, stream.captured, lambda e, f, p: None,
+                         lambda e: True)
+    assert out is None
