@@ -29,7 +29,7 @@ lag compensated: the recommended one); ``B`` (demand share, own demand exact, fl
 
 Figures, / quota: ``ratio``: bytes/s over every whole throttle cycle after ``WARMUP_S``;
 ``low``/``high``: the lowest and highest over 30 s or more of whole cycles begun at each
-cycle. A cycle begins with a burst, as ``tests/support/rates.py`` ``cycle_rate`` finds them,
+cycle. A cycle begins with a burst, as ``testkit/rates.py`` ``cycle_rate`` finds them,
 after at least 5 s without one. For ``c``: ``excess``: after the move, the most bytes in one
 quota window (11 s), more than the most without the move, in seconds of quota (``c-pause``
 gives the same figure for a perturbation without a move); ``held``: how long after the move,
@@ -66,7 +66,7 @@ from quota.shared import (
     live_samples,
     usage_report,
 )
-from tests.support.rates import Cycles
+from testkit.rates import Cycles
 
 QUOTA = 1_000_000.0  # bytes/s
 REQUEST_BYTES = 16_384

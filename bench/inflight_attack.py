@@ -46,8 +46,8 @@ import psutil
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from demo.embedded_broker import TansuBroker
-from tests.support.e2e import ProxyProcess, new_topic
-from tests.support.frames import kio_encode, request_frame
+from testkit.e2e import ProxyProcess, new_topic
+from testkit.frames import kio_encode, request_frame
 
 
 def api_versions_v0(correlation: int) -> bytes:

@@ -4,7 +4,7 @@ Runs ``tests/e2e/test_replay_exact.py`` (a throttled idempotent librdkafka produ
 default batch size, a throttled consumer, an unquota'd producer, a hot reload halving the
 quota, metrics scraped every 100 ms) ``--runs`` times against tansu, and adds up what each run
 printed: the proxy's own replay (``exact replay: M/N``) and the model of
-``tests/support/kafka_reference.py``, which shares no code with ``quota/`` (``kafka model:
+``testkit/kafka_reference.py``, which shares no code with ``quota/`` (``kafka model:
 M/N``).
 
     python bench/kafka_model_runs.py --runs 20

@@ -14,12 +14,10 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from synth_capture import generate
-
 from spark_jobs.main import run
+from testkit.synth_capture import generate
 
 CANDIDATE = {"entities": [{"client-id": "<default>", "producer_byte_rate": 1048576,
                            "consumer_byte_rate": 2097152}]}

@@ -18,7 +18,7 @@ batches unless ``--batch-bytes``):
 Each accuracy scenario runs in up to three variants: ``one`` (every producer on one process:
 what one broker gives), ``none`` (the scenario's processes, no coordination: today's) and
 ``shared`` (coordination on). Figures: the achieved rate over whole throttle cycles after a
-warm-up (``tests.support.rates.cycle_rate``: the first two or so; ``all``: every whole cycle
+warm-up (``testkit.rates.cycle_rate``: the first two or so; ``all``: every whole cycle
 of the run, with the lowest and highest over 30 s of cycles, as ``coordination_sim.py``) and
 over the whole run against what one enforcement point allows a greedy client (its quota over
 the run plus the padded first window), all as ratios to the quota.
@@ -44,8 +44,8 @@ from confluent_kafka import Producer
 
 from demo.embedded_broker import TansuBroker
 from security.credentials import add_user
-from tests.support.e2e import ProxyProcess, new_topic, wait_for
-from tests.support.rates import Cycles, cycle_rate
+from testkit.e2e import ProxyProcess, new_topic, wait_for
+from testkit.rates import Cycles, cycle_rate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from coordination_sim import most_in_a_window

@@ -2,7 +2,7 @@
 """The cost of TLS in kafka-quota-proxy: throughput and the proxy's CPU per GB, TLS vs plaintext.
 
 Two paths, each with its own tansu broker (memory storage) behind a front (the test-only
-``tests.support.secure_front``, since tansu does not speak TLS) and its own proxy process:
+``testkit.secure_front``, since tansu does not speak TLS) and its own proxy process:
 
 - ``plaintext``: librdkafka -> proxy (PLAINTEXT listener) -> front (plain TCP) -> tansu
 - ``tls``: librdkafka (security.protocol SSL) -> proxy (SSL listener, upstream.tls with
@@ -67,7 +67,7 @@ from proxy_bench import (
 from demo.embedded_broker import TansuBroker, free_port
 
 if TYPE_CHECKING:   # made at run time only: trustme is a test dependency
-    from tests.support.certs import Certs
+    from testkit.certs import Certs
 
 SCRIPT = Path(__file__).resolve()
 RESULTS_DIR = SCRIPT.parent / "results"
@@ -84,7 +84,7 @@ def run_front(tansu_port: int, port: int, pem: tuple[str, str] | None) -> int:
     """``--front``: a SecureFront before tansu, TLS with ``pem`` (cert, key), until killed."""
     import uvloop
 
-    from tests.support.secure_front import SecureFront
+    from testkit.secure_front import SecureFront
 
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())   # SecureFront makes its own loop
     context = None
@@ -208,7 +208,7 @@ def measure_round(path: BenchPath, round_no: int, position: int, settings: Setti
 
 
 def run_benchmark(settings: Settings) -> TlsBenchResult:
-    from tests.support.certs import Certs
+    from testkit.certs import Certs
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     started = time.monotonic()

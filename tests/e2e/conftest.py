@@ -5,7 +5,7 @@ from collections.abc import Iterator
 import pytest
 
 from demo.embedded_broker import TansuBroker
-from tests.support.e2e import ProxyProcess, wait_for
+from testkit.e2e import ProxyProcess, wait_for
 
 
 @pytest.fixture(scope="module")

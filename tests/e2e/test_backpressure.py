@@ -19,7 +19,7 @@ from kio.static.primitive import i32Timedelta
 from demo.embedded_broker import TansuBroker
 from protocol.headers import parse_response_header
 from protocol.rewrite import decode_response
-from tests.support.e2e import KafkaWire, ProxyProcess, wait_for
+from testkit.e2e import KafkaWire, ProxyProcess, wait_for
 
 pytestmark = pytest.mark.e2e
 

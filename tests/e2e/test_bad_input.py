@@ -9,7 +9,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from protocol.headers import encode_request_header
-from tests.support.e2e import KafkaWire, ProxyProcess, wait_for
+from testkit.e2e import KafkaWire, ProxyProcess, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -24,8 +24,8 @@ import pytest
 from confluent_kafka import Producer
 
 from demo.embedded_broker import TansuBroker
-from tests.support.e2e import KafkaWire, ProxyProcess, new_topic, wait_for
-from tests.support.rates import cycle_rate
+from testkit.e2e import KafkaWire, ProxyProcess, new_topic, wait_for
+from testkit.rates import cycle_rate
 
 pytestmark = pytest.mark.e2e
 

@@ -19,7 +19,7 @@ import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from demo.embedded_broker import TansuBroker
-from tests.support.e2e import KafkaWire, ProxyProcess, new_topic, reproduce_capture, wait_for
+from testkit.e2e import KafkaWire, ProxyProcess, new_topic, reproduce_capture, wait_for
 
 pytestmark = pytest.mark.e2e
 

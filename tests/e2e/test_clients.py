@@ -12,7 +12,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from demo.embedded_broker import TansuBroker
-from tests.support.e2e import ProxyProcess, wait_for
+from testkit.e2e import ProxyProcess, wait_for
 
 pytestmark = pytest.mark.e2e
 

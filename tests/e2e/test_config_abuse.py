@@ -12,8 +12,8 @@ import psutil
 import pytest
 
 from demo.embedded_broker import TansuBroker
-from tests.support.e2e import KafkaWire, ProxyProcess, wait_for
-from tests.support.hostile import alias_bomb
+from testkit.e2e import KafkaWire, ProxyProcess, wait_for
+from testkit.hostile import alias_bomb
 
 pytestmark = pytest.mark.e2e
 

@@ -24,8 +24,8 @@ import pytest
 
 from demo.embedded_broker import TansuBroker, free_port
 from protocol.proxy_header import encode_v1
-from tests.support.certs import Certs
-from tests.support.e2e import KafkaWire, ProxyProcess, wait_for
+from testkit.certs import Certs
+from testkit.e2e import KafkaWire, ProxyProcess, wait_for
 
 pytestmark = pytest.mark.e2e
 

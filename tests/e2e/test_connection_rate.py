@@ -33,7 +33,7 @@ import pytest
 
 from demo.embedded_broker import TansuBroker, free_port, free_port_range
 from protocol.proxy_header import encode_v1
-from tests.support.e2e import KafkaWire, ProxyProcess, wait_for
+from testkit.e2e import KafkaWire, ProxyProcess, wait_for
 
 pytestmark = pytest.mark.e2e
 

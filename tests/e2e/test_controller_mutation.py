@@ -15,7 +15,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.errors import NodeNotReadyError
 
 from demo.embedded_broker import TansuBroker
-from tests.support.e2e import ProxyProcess, wait_for
+from testkit.e2e import ProxyProcess, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.drill_churn import run
-from bench.drill_common import print_figures
+from testkit.drill_churn import run
+from testkit.drill_common import print_figures
 
 pytestmark = pytest.mark.e2e
 

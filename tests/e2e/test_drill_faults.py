@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.drill_common import print_figures
-from bench.drill_faults import NOTES, run
+from testkit.drill_common import print_figures
+from testkit.drill_faults import NOTES, run
 
 pytestmark = pytest.mark.e2e
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.drill_common import print_figures
-from bench.drill_floods import run
+from testkit.drill_common import print_figures
+from testkit.drill_floods import run
 
 pytestmark = pytest.mark.e2e
 

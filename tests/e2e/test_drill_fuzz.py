@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.drill_common import print_figures
-from bench.drill_fuzz import run
+from testkit.drill_common import print_figures
+from testkit.drill_fuzz import run
 
 pytestmark = pytest.mark.e2e
 

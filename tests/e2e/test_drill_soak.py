@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.drill_common import print_figures
-from bench.drill_soak import run
+from testkit.drill_common import print_figures
+from testkit.drill_soak import run
 
 pytestmark = pytest.mark.e2e
 

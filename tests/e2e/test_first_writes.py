@@ -18,7 +18,7 @@ from datetime import timedelta
 import pytest
 
 from demo.embedded_broker import TansuBroker
-from tests.support.e2e import KafkaWire, ProxyProcess, new_topic
+from testkit.e2e import KafkaWire, ProxyProcess, new_topic
 
 pytestmark = pytest.mark.e2e
 

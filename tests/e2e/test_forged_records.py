@@ -29,8 +29,8 @@ from proxy.cluster_topics import MAC_HEADER, record_mac
 from quota.entities import QuotaType
 from quota.shared import UsageReport
 from quota.storage import Snapshot, Volume
-from tests.support.e2e import ProxyProcess, new_topic, wait_for
-from tests.support.volumes import BASE, GB, NODE, Publisher
+from testkit.e2e import ProxyProcess, new_topic, wait_for
+from testkit.volumes import BASE, GB, NODE, Publisher
 
 pytestmark = pytest.mark.e2e
 

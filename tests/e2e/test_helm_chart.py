@@ -4,7 +4,7 @@ every containerPort and every Service port (port == targetPort) come from it, ex
 configuration in the ConfigMap passes the project's own validation (``check-config``). With
 default values, the chart renders what deploy/kubernetes.yaml holds (the same configuration,
 ports, probes, security contexts and resources), so the two cannot drift apart. The helm binary
-is the one on PATH, else a pinned one (tests/support/helm.py)."""
+is the one on PATH, else a pinned one (testkit/helm.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from config.loading import load_config, parse_config
-from tests.support.helm import helm_binary
+from testkit.helm import helm_binary
 
 pytestmark = pytest.mark.e2e
 

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from demo.embedded_broker import TansuBroker
-from tests.support.e2e import KafkaWire, ProxyProcess, wait_for
+from testkit.e2e import KafkaWire, ProxyProcess, wait_for
 
 pytestmark = pytest.mark.e2e
 

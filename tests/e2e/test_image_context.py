@@ -1,7 +1,7 @@
 """The container image's build, without Docker: the exact build context deploy/Dockerfile sees
 (the repository filtered by deploy/Dockerfile.dockerignore), its COPY lines carried out in a
 temporary directory, and what they copied ``pip install``ed as the Dockerfile does, into a
-fresh virtual environment of its own (tests/support/install.py). From there every module is
+fresh virtual environment of its own (testkit/install.py). From there every module is
 imported (but those needing the ``spark`` extra, which the image does not install), the
 configuration the image bakes in passes ``check-config``, and that configuration, moved to free
 ports in front of a tansu broker, serves a client that produces and consumes through the proxy.
@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from demo.embedded_broker import TansuBroker
-from tests.support.install import (
+from testkit.install import (
     DEPLOY,
     ROOT,
     SPARK_EXTRA_IMPORTS,

@@ -24,8 +24,8 @@ from kio.schema.fetch.v12.request import FetchPartition, FetchTopic
 from kio.static.primitive import i32Timedelta
 
 from demo.embedded_broker import TansuBroker
-from tests.support.e2e import ProxyProcess, new_topic, wait_for
-from tests.support.frames import kio_encode, request_frame
+from testkit.e2e import ProxyProcess, new_topic, wait_for
+from testkit.frames import kio_encode, request_frame
 
 pytestmark = pytest.mark.e2e
 

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from demo.embedded_broker import TansuBroker
-from tests.support.install import (
+from testkit.install import (
     ROOT,
     archive_names,
     build_sdist_and_wheel,

@@ -16,7 +16,7 @@ from kio.schema.fetch.v12.request import FetchPartition, FetchTopic
 from kio.static.primitive import i32Timedelta
 
 from demo.embedded_broker import TansuBroker, free_port
-from tests.support.e2e import KafkaWire, ProxyProcess, wait_for
+from testkit.e2e import KafkaWire, ProxyProcess, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -8,7 +8,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from tests.support.e2e import ProxyProcess, wait_for
+from testkit.e2e import ProxyProcess, wait_for
 
 pytestmark = pytest.mark.e2e
 

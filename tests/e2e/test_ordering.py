@@ -11,7 +11,7 @@ import struct
 import pytest
 
 from protocol.headers import encode_request_header
-from tests.support.e2e import ProxyProcess
+from testkit.e2e import ProxyProcess
 
 pytestmark = pytest.mark.e2e
 

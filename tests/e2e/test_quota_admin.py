@@ -20,8 +20,8 @@ import pytest
 from confluent_kafka import Producer
 
 from demo.embedded_broker import TansuBroker
-from tests.support.e2e import ProxyProcess, new_topic, wait_for
-from tests.support.rates import Cycles
+from testkit.e2e import ProxyProcess, new_topic, wait_for
+from testkit.rates import Cycles
 
 pytestmark = pytest.mark.e2e
 
@@ -264,7 +264,7 @@ def _describe_raw(wire: Any, version: int, components: list[tuple[str, int, str 
 def test_error_cases_in_raw_frames_of_each_version(admin_proxy: ProxyProcess,
                                                    version: int) -> None:
     """kio-encoded requests of each version: Kafka's errors, answered by the proxy."""
-    from tests.support.e2e import KafkaWire
+    from testkit.e2e import KafkaWire
 
     with KafkaWire("127.0.0.1", admin_proxy.bootstrap_port) as wire:
         r = _describe_raw(wire, version, [("foo", 2, None)])
@@ -291,7 +291,7 @@ def test_answers_keep_their_place_among_pipelined_responses(admin_proxy: ProxyPr
     """Metadata, DescribeClientQuotas, Metadata in one write: three responses in order, the
     middle one the proxy's; a DescribeClientQuotas that does not decode closes the connection
     with its reason."""
-    from tests.support.e2e import KafkaWire
+    from testkit.e2e import KafkaWire
 
     with KafkaWire("127.0.0.1", admin_proxy.bootstrap_port) as wire:
         frames = (wire.encode(3, 12, topics=None, allow_auto_topic_creation=False,

@@ -14,8 +14,8 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from demo.embedded_broker import TansuBroker
-from tests.support.e2e import wait_for
-from tests.support.rack_cluster import RackCluster
+from testkit.e2e import wait_for
+from testkit.rack_cluster import RackCluster
 
 pytestmark = pytest.mark.e2e
 

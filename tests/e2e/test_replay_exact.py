@@ -17,8 +17,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from demo.embedded_broker import TansuBroker
-from tests.support import kafka_reference
-from tests.support.e2e import ProxyProcess, new_topic, reproduce_capture
+from testkit import kafka_reference
+from testkit.e2e import ProxyProcess, new_topic, reproduce_capture
 
 pytestmark = pytest.mark.e2e
 
@@ -131,7 +131,7 @@ capture:
     print(f"\nexact replay: {matched}/{total} requests match ({quota_d} quota'd, "
           f"{scrapes} scrapes, {counts})")
     assert matched == total
-    # and an independent model of Kafka's arithmetic (tests/support/kafka_reference.py,
+    # and an independent model of Kafka's arithmetic (testkit/kafka_reference.py,
     # which shares no code with the quota engine) gives every throttle too, to the ms
     generations = {d["quota_generation"]: d["quotas"] for d in (
         json.loads(f.read_text()) for f in capture_dir.glob("quotas-*.json"))}

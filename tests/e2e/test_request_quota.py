@@ -20,8 +20,8 @@ from aiokafka import AIOKafkaConsumer
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from demo.embedded_broker import TansuBroker
-from tests.support.e2e import KafkaWire, ProxyProcess, new_topic, reproduce_capture, wait_for
-from tests.support.rates import cycle_rate
+from testkit.e2e import KafkaWire, ProxyProcess, new_topic, reproduce_capture, wait_for
+from testkit.rates import cycle_rate
 
 pytestmark = pytest.mark.e2e
 

@@ -1,6 +1,6 @@
 """Identities and encrypted transport end to end: real clients (librdkafka, aiokafka,
 kafka-python) over SSL, mTLS and SASL_SSL through the proxy, which re-originates TLS toward a
-broker that speaks TLS and SASL (``tests.support.secure_front`` in front of tansu).
+broker that speaks TLS and SASL (``testkit.secure_front`` in front of tansu).
 
 Each client produces and consumes its own messages exactly once; per-user quotas hold for two
 users at once; a client-id cannot move a user out of its budget; a failed or missing
@@ -22,10 +22,10 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from demo.embedded_broker import TansuBroker, free_port, free_port_range
 from security.credentials import add_user
-from tests.support.certs import Certs, Pem
-from tests.support.e2e import ProxyProcess, wait_for
-from tests.support.rates import cycle_rate
-from tests.support.secure_front import SecureFront
+from testkit.certs import Certs, Pem
+from testkit.e2e import ProxyProcess, wait_for
+from testkit.rates import cycle_rate
+from testkit.secure_front import SecureFront
 
 pytestmark = pytest.mark.e2e
 
@@ -413,7 +413,7 @@ def test_sasl_termination_three_clients_and_credentials_reload(secured: Any) -> 
 
 
 def test_wrong_password_and_unauthenticated_requests_reach_no_budget(secured: Any) -> None:
-    from tests.support.e2e import KafkaWire
+    from testkit.e2e import KafkaWire
 
     s: Secured = secured("SASL_PLAINTEXT", sasl=True, quotas=_quota_yaml(10**9, 10**9))
     # a wrong password: the client gets the broker's authentication error
@@ -533,7 +533,7 @@ def test_kip368_reauthentication_keeps_the_connection(secured: Any) -> None:
 def test_three_listener_kinds_at_once(secured: Any, certs: Certs) -> None:
     """SASL_SSL on the main ports, mTLS (INTERNAL) and plaintext (LEGACY) on their own: each
     client is told about the brokers' ports of its own kind, and gets its own principal."""
-    from tests.support.e2e import KafkaWire
+    from testkit.e2e import KafkaWire
 
     internal, legacy = free_port_range(5), free_port_range(5)
     internal_boot, legacy_boot = free_port(), free_port()

@@ -21,8 +21,8 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from demo.embedded_broker import TansuBroker
 from security.credentials import add_user
-from tests.support.e2e import ProxyProcess, new_topic, wait_for
-from tests.support.rates import Cycles, cycle_rate
+from testkit.e2e import ProxyProcess, new_topic, wait_for
+from testkit.rates import Cycles, cycle_rate
 
 pytestmark = pytest.mark.e2e
 

@@ -18,9 +18,9 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from demo.embedded_broker import TansuBroker
-from tests.support.e2e import ProxyProcess, new_topic, reproduce_capture, wait_for
-from tests.support.rates import cycle_rate
-from tests.support.volumes import BASE, GB, NODE, Publisher
+from testkit.e2e import ProxyProcess, new_topic, reproduce_capture, wait_for
+from testkit.rates import cycle_rate
+from testkit.volumes import BASE, GB, NODE, Publisher
 
 pytestmark = pytest.mark.e2e
 

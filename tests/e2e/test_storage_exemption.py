@@ -17,9 +17,9 @@ import pytest
 from confluent_kafka import Producer
 
 from demo.embedded_broker import TansuBroker
-from tests.support.certs import Certs
-from tests.support.e2e import ProxyProcess, new_topic, wait_for
-from tests.support.volumes import BASE, GB, NODE, Publisher
+from testkit.certs import Certs
+from testkit.e2e import ProxyProcess, new_topic, wait_for
+from testkit.volumes import BASE, GB, NODE, Publisher
 
 pytestmark = pytest.mark.e2e
 

@@ -18,8 +18,8 @@ from aiokafka import AIOKafkaProducer
 from confluent_kafka import KafkaError, Producer
 
 from demo.embedded_broker import TansuBroker
-from tests.support.e2e import ProxyProcess, new_topic, wait_for
-from tests.support.volumes import BASE, GB, Publisher
+from testkit.e2e import ProxyProcess, new_topic, wait_for
+from testkit.volumes import BASE, GB, Publisher
 
 pytestmark = pytest.mark.e2e
 

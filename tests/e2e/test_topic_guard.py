@@ -19,7 +19,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from demo.embedded_broker import TansuBroker
-from tests.support.e2e import KafkaWire, ProxyProcess, new_topic, wait_for
+from testkit.e2e import KafkaWire, ProxyProcess, new_topic, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -14,9 +14,9 @@ import pytest
 
 from demo.embedded_broker import TansuBroker, free_port
 from protocol.proxy_header import encode_v1, encode_v2
-from tests.support.certs import Certs
-from tests.support.e2e import KafkaWire, ProxyProcess, wait_for
-from tests.support.secure_front import SecureFront
+from testkit.certs import Certs
+from testkit.e2e import KafkaWire, ProxyProcess, wait_for
+from testkit.secure_front import SecureFront
 
 pytestmark = pytest.mark.e2e
 

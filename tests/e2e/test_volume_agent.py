@@ -22,7 +22,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from demo.embedded_broker import TansuBroker, free_port
 from quota.storage import Limit, LimitType, Snapshot
-from tests.support.e2e import wait_for
+from testkit.e2e import wait_for
 
 pytestmark = pytest.mark.e2e
 

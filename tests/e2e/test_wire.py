@@ -10,7 +10,7 @@ import pytest
 from demo.embedded_broker import TansuBroker
 from protocol import apis
 from protocol._api_table import API_TABLE
-from tests.support.e2e import KafkaWire, ProxyProcess
+from testkit.e2e import KafkaWire, ProxyProcess
 
 pytestmark = pytest.mark.e2e
 

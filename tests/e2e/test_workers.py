@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from demo.embedded_broker import TansuBroker
-from tests.support.e2e import KafkaWire, ProxyProcess, new_topic, wait_for
+from testkit.e2e import KafkaWire, ProxyProcess, new_topic, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -16,12 +16,12 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
-from bench.synth_capture import write_capture_file
 from proxy.capture_writer import FIELDS
 from quota.capture_schema import SCHEMA_VERSION_KEY, process_id
 from quota.replay import Recorded, replay, settings_from_section
 from spark_jobs.main import run
 from spark_jobs.replay import overlapping
+from testkit.synth_capture import write_capture_file
 
 QUOTA = 100_000.0  # producer_byte_rate of client-id "c"
 LIVE = {"entities": [{"client-id": "c", "producer_byte_rate": QUOTA}]}

@@ -17,12 +17,12 @@ import pytest
 import yaml
 from pyspark.sql import SparkSession
 
-from bench.synth_tenants import BAD_LIVE, generate, throttled_client_seconds
 from config.schema import QuotasConfig
 from quota.entities import EntityKey, QuotaType, metric_tags, quota_limit
 from quota.replay import settings_from_section
 from spark_jobs import profile, tune
 from spark_jobs.main import run
+from testkit.synth_tenants import BAD_LIVE, generate, throttled_client_seconds
 
 
 @dataclass

@@ -19,8 +19,8 @@ from config.errors import ConfigError
 from config.loading import load_config, parse_config
 from config.schema import HostPort, PortRange, ProxyConfig
 from protocol.framing import DEFAULT_MAX_FRAME_BYTES
-from tests.support import config_errors
-from tests.support.hostile import alias_bomb
+from testkit import config_errors
+from testkit.hostile import alias_bomb
 
 REPO = Path(__file__).resolve().parents[3]
 DEPLOY = REPO / "deploy"

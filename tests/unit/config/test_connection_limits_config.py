@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from config.loading import parse_config
-from tests.support import config_errors
+from testkit import config_errors
 
 SOURCE = "limits.yaml"
 BASE = config_errors.BASE

@@ -13,7 +13,7 @@ from config.loading import parse_config
 from config.schema import QuotasConfig
 from proxy.connection_rate import ip_quotas, listeners_without_rates
 from quota.connection_rate import address_of
-from tests.support import config_errors
+from testkit import config_errors
 
 SOURCE = "rates.yaml"
 

@@ -10,7 +10,7 @@ import pytest
 
 from config.loading import parse_config
 from config.schema import ExtraListenerConfig, HostPort, ListenersConfig, PortRange
-from tests.support import config_errors
+from testkit import config_errors
 
 SOURCE = "kinds.yaml"
 

@@ -11,7 +11,7 @@ import pytest
 from config.loading import parse_config
 from config.security import ListenerSecurity, SaslConfig
 from security.principal_mapping import PrincipalMapper
-from tests.support import config_errors
+from testkit import config_errors
 
 SOURCE = "security.yaml"
 

@@ -11,7 +11,7 @@ import pytest
 
 from cli.main import main
 from config.loading import parse_config
-from tests.support import config_errors
+from testkit import config_errors
 
 SOURCE = "limits.yaml"
 BASE = config_errors.BASE

@@ -15,7 +15,7 @@ from protocol.errors import FrameTooLarge
 from protocol.interests import Interest, InterestTable
 from protocol.request_stream import WHOLE_FRAME_MAX, RequestStream
 from protocol.rewrite import ResponseRewriter
-from tests.support.frames import request_frame, split
+from testkit.frames import request_frame, split
 
 
 def _stream() -> RequestStream:

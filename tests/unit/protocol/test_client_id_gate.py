@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from protocol.correlation import CorrelationTable
 from protocol.request_stream import RequestStream
-from tests.support.frames import request_frame, split
+from testkit.frames import request_frame, split
 
 
 def _frames(client_ids: list[str | None]) -> bytes:

@@ -22,7 +22,7 @@ from protocol.fetch import (
     parse_fetch_request,
     set_preferred_read_replicas,
 )
-from tests.support.frames import kio_decode, kio_encode, kio_values, ms, response_class
+from testkit.frames import kio_decode, kio_encode, kio_values, ms, response_class
 
 FETCH = 1
 VERSIONS = list(range(FIRST_VERSION, 19))

@@ -25,7 +25,7 @@ from protocol.incremental import (
 from protocol.interests import ADDRESSES, Interest, InterestTable, addresses
 from protocol.request_stream import RequestStream
 from protocol.response_stream import ResponseStarted, ResponseStream
-from tests.support.frames import chunked, kio_encode, kio_values, ms, response_class, response_frame
+from testkit.frames import chunked, kio_encode, kio_values, ms, response_class, response_frame
 
 FETCH = 1
 LOW, HIGH = apis.kio_version_range(FETCH)

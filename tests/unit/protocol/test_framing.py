@@ -27,7 +27,7 @@ from protocol.headers import encode_request_header
 from protocol.request_stream import RequestStream
 from protocol.response_stream import Forward, ResponseStarted, ResponseStream
 from protocol.rewrite import ResponseRewriter
-from tests.support.frames import (
+from testkit.frames import (
     chunked,
     frame,
     produce_body_prefix,

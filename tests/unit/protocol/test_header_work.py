@@ -35,7 +35,7 @@ from protocol.correlation import CorrelationTable, InFlight
 from protocol.errors import MalformedFrame, ProtocolError
 from protocol.headers import HeaderProgress, encode_request_header, parse_request_header
 from protocol.request_stream import RequestStream
-from tests.support.frames import produce_body_prefix, tagged_fields_strategy, texts
+from testkit.frames import produce_body_prefix, tagged_fields_strategy, texts
 
 MAX_HEADER = 2 * 32767 + 4096  # stream._MAX_HEADER_BYTES
 LIMIT_MESSAGE = f"request header longer than {MAX_HEADER} bytes"

@@ -25,7 +25,7 @@ from protocol.headers import (
     produce_acks,
 )
 from protocol.primitives import encode_tagged_fields
-from tests.support.frames import kio_encode, produce_body_prefix, tagged_fields_strategy, texts
+from testkit.frames import kio_encode, produce_body_prefix, tagged_fields_strategy, texts
 
 INT32_VALUES = st.integers(min_value=-(2**31), max_value=2**31 - 1)
 FLEXIBLE = [(k, v) for k, e in API_TABLE.items() for v in range(e[1], e[2] + 1) if 0 <= e[3] <= v]

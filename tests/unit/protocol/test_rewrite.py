@@ -21,7 +21,7 @@ from protocol.primitives import encode_tagged_fields
 from protocol.response_stream import ResponseStream
 from protocol.rewrite import ResponseRewriter, UndecodableResponse
 from protocol.skim import fetch_response_layout, produce_response_layout
-from tests.support.frames import (
+from testkit.frames import (
     PROXY_HOST,
     PROXY_PORT_BASE,
     RecordingAddressMap,

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from protocol._api_table import API_TABLE
 from protocol.primitives import encode_tagged_fields, skip_tagged_fields
 from protocol.skim import Layout, fetch_response_layout, produce_response_layout
-from tests.support.frames import kio_decode, kio_encode, kio_values, ms, response_class
+from testkit.frames import kio_decode, kio_encode, kio_values, ms, response_class
 
 PRODUCE, FETCH = 0, 1
 PRODUCE_VERSIONS = list(range(API_TABLE[PRODUCE][1], API_TABLE[PRODUCE][2] + 1))

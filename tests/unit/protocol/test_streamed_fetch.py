@@ -18,7 +18,7 @@ from protocol.primitives import encode_tagged_fields, read_tagged_fields
 from protocol.response_stream import ResponseStream
 from protocol.rewrite import ResponseRewriter, fit_tagged_fields
 from protocol.skim import fetch_response_layout
-from tests.support.frames import (
+from testkit.frames import (
     PROXY_HOST,
     RecordingAddressMap,
     chunked,

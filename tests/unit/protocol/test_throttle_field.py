@@ -14,7 +14,7 @@ from protocol import apis
 from protocol.correlation import CorrelationTable, InFlight
 from protocol.request_stream import RequestStream
 from protocol.rewrite import set_throttle_time, throttle_field
-from tests.support.frames import kio_decode, kio_encode, kio_values, response_class, response_frame
+from testkit.frames import kio_decode, kio_encode, kio_values, response_class, response_frame
 
 CASES = [(0, v) for v in range(3, apis.kio_version_range(0)[1] + 1)] + [
     (1, v) for v in range(4, apis.kio_version_range(1)[1] + 1)] + [
@@ -50,7 +50,7 @@ def test_throttle_time_is_raised_and_nothing_else_changes(api_key: int, version:
 
 
 def _frame(correlation_id: int) -> bytes:
-    from tests.support.frames import request_frame
+    from testkit.frames import request_frame
 
     return request_frame(3, 1, correlation_id, "c", b"\x00\x00\x00\x00")
 

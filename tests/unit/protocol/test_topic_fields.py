@@ -24,7 +24,7 @@ from protocol.topic_fields import (
     TopicArray,
     Unguarded,
 )
-from tests.support.frames import minimal
+from testkit.frames import minimal
 
 GUARDED = "__kafka_quota_proxy_quotas"
 GUARDED_ID = uuid.UUID(int=0x1234)

@@ -29,7 +29,7 @@ from protocol.topic_fields import (
     refused_response,
 )
 from protocol.topic_guard import SPOILED, GuardedTopics, ProduceTopics, produce_with_refused
-from tests.support.frames import frame, split
+from testkit.frames import frame, split
 
 GUARDED = "__kafka_quota_proxy_quotas"
 OTHER = "orders"

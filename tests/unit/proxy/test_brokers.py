@@ -12,7 +12,7 @@ from protocol.addresses import Broker, BrokerAddresses, BrokerPortsExhausted
 from protocol.correlation import InFlight
 from protocol.rewrite import ResponseRewriter
 from proxy.brokers import ListeningRewriter
-from tests.support.frames import response_frame
+from testkit.frames import response_frame
 
 FIND_COORDINATOR = 10
 

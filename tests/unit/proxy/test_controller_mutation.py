@@ -330,7 +330,7 @@ def test_a_request_forwarded_without_topics_gets_its_own_size_among_pipelined_fr
     from protocol.correlation import CorrelationTable
     from protocol.request_stream import RequestStream
     from proxy.connection import patch_captured
-    from tests.support.frames import request_frame
+    from testkit.frames import request_frame
 
     m = _mutations(1.0)
     f = ControllerMutationFilter(Host(), m)

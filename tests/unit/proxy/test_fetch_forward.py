@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from protocol.correlation import CorrelationTable, InFlight
 from protocol.request_stream import RequestStream
 from proxy.connection import patch_captured
-from tests.support.frames import chunked, request_frame
+from testkit.frames import chunked, request_frame
 
 FETCH, METADATA = 1, 3
 

@@ -38,7 +38,7 @@ from proxy.filters import identity as identity_module
 from proxy.filters.base import Client, Filter, FilterChain
 from proxy.filters.identity import SaslInspection, SaslSettings
 from security.sasl import Jwks
-from tests.support.frames import kio_encode, request_frame
+from testkit.frames import kio_encode, request_frame
 
 METADATA = 3
 PRODUCE = 0

@@ -23,7 +23,7 @@ from proxy.filters.base import Client
 from proxy.filters.quota_admin import QuotaAdminFilter
 from proxy.quota_admin import AlterFailed, ClientQuotaAdmin
 from quota.client_quotas import Change, encode_record
-from tests.support.frames import request_frame
+from testkit.frames import request_frame
 
 ALICE = (("user", "alice"),)
 

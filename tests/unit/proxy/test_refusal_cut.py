@@ -7,7 +7,7 @@ from __future__ import annotations
 from protocol.correlation import CorrelationTable, InFlight
 from protocol.request_stream import RequestStream
 from proxy.connection import patch_captured
-from tests.support.frames import request_frame
+from testkit.frames import request_frame
 
 
 def _stream() -> RequestStream:
@@ -52,7 +52,7 @@ def test_patches_before_the_refused_frame_still_apply() -> None:
 def test_a_refused_frame_not_whole_in_the_read_cannot_be_cut() -> None:
     refused = request_frame(3, 12, 2, "c", b"\x02\x00\x00")
     stream = _stream()
-    forward, events = stream.feed(refused)
+    _, events = stream.feed(refused)
     out = patch_captured(stream, b"", events, stream.captured, lambda e, f, p: None,
                          lambda e: True)
     assert out is None

@@ -38,7 +38,7 @@ from proxy.filters.sasl_server import (
 from security.credentials import Credentials, add_user
 from security.sasl import SaslError
 from security.scram import ScramClient, parse_credential
-from tests.support.frames import kio_decode, response_class, split
+from testkit.frames import kio_decode, response_class, split
 from tests.unit.proxy.test_identity import FakeHost, RecordingLog, plain, request
 
 METADATA = 3

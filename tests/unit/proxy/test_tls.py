@@ -25,7 +25,7 @@ from proxy.tls import (
     read_secret,
     server_context,
 )
-from tests.support.certs import Certs, Pem
+from testkit.certs import Certs, Pem
 
 # ------------------------------------------------------------------ helpers
 

@@ -13,7 +13,7 @@ from protocol.topic_fields import TOPIC_AUTHORIZATION_FAILED, read_topics
 from proxy.filters.base import Client
 from proxy.filters.topic_guard import TopicGuardFilter
 from proxy.topic_guard import Results, TopicGuard
-from tests.support.frames import request_frame
+from testkit.frames import request_frame
 from tests.unit.proxy.test_controller_mutation import create_topics
 
 GUARDED = "__kafka_quota_proxy_quotas"

@@ -1,5 +1,5 @@
 """The quota engine against a line-by-line transcription of Kafka's arithmetic
-(``tests/support/kafka_reference.py``), bit for bit: every rate, window, throttle time, request
+(``testkit/kafka_reference.py``), bit for bit: every rate, window, throttle time, request
 percentage, connection throttle and token count equal, not within a tolerance. Windows that are
 not whole seconds are where a different order of operations shows (``sum * 1000 / W`` and
 ``sum / (W / 1000.0)`` differ in the last bit for about a quarter of them)."""
@@ -15,7 +15,7 @@ from quota.manager import QuotaManager, QuotaSettings, percent_of_thread
 from quota.mutation import MutationBudget, MutationThrottle, TokenBucket
 from quota.sampled import SampledRate
 from quota.throttle import java_round, rate_per_second, throttle_time_ms
-from tests.support import kafka_reference as kafka
+from testkit import kafka_reference as kafka
 
 T0 = 1_764_000_000_000  # a wall-clock time, as Kafka's clock gives
 

@@ -4,7 +4,7 @@ Each drill attacks the proxy in one way while good clients keep moving keyed mes
 it, then prints its figures. The same ``run`` function serves the long run (``python
 bench/drill_X.py``) and a bounded version in the test suite (``tests/e2e/test_drill_X.py``).
 
-Here: a real tansu broker, the proxy as a subprocess (``tests.support.ProxyProcess``), good
+Here: a real tansu broker, the proxy as a subprocess (``testkit.ProxyProcess``), good
 clients whose every acknowledged message must be consumed exactly once, a watch on the proxy
 process (RSS, open file descriptors), and figures from the proxy's metrics.
 """
@@ -26,7 +26,7 @@ from typing import Any
 import psutil
 
 from demo.embedded_broker import TansuBroker
-from tests.support.e2e import ProxyProcess, new_topic, wait_for
+from testkit.e2e import ProxyProcess, new_topic, wait_for
 
 __all__ = ["GoodTraffic", "ProcessWatch", "ProxyProcess", "Tally", "loop_lag", "tansu_broker",
            "traceback_lines", "wait_for"]

@@ -40,9 +40,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from demo.embedded_broker import free_port, free_port_range, wait_for_port
-from tests.support.e2e import new_topic, wait_for
+from testkit.e2e import new_topic, wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 
 # Modules that import the ``spark`` extra (pyspark, pandas, matplotlib and numpy, which pandas
