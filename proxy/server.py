@@ -289,24 +289,24 @@ class Proxy:
             for kind in self.kinds:
                 kind.forget_contexts()  # connections from now on capture
             self._write_quota_config()
-            self._spawn(self._flush_capture())
-        self._spawn(self._refresh_loop())
-        self._spawn(self._expire_loop())
-        self._spawn(self._sweep())
-        self._spawn(self._watch_loop_lag())
+            self.spawn(self._flush_capture())
+        self.spawn(self._refresh_loop())
+        self.spawn(self._expire_loop())
+        self.spawn(self._sweep())
+        self.spawn(self._watch_loop_lag())
         for kind in self.kinds:
             for watch in kind.watches():
-                self._spawn(watch)
+                self.spawn(watch)
         if self.storage is not None:
-            self._spawn(self.storage.run())
-        self._spawn(self.quota_admin.prepare())
+            self.spawn(self.storage.run())
+        self.spawn(self.quota_admin.prepare())
         if self.coordination is not None:
             loop = asyncio.get_running_loop()
             self._coordinating.append(loop.create_task(self._coordinate(self.coordination)))
         if self.topics is not None:
             self._coordinating.append(asyncio.get_running_loop().create_task(self.topics.run()))
         if self.config_path is not None and self.config.quotas.watch_seconds > 0:
-            self._spawn(self._watch_config())
+            self.spawn(self._watch_config())
         log.info(
             "proxy_started",
             bootstrap=str(self.config.listeners.bootstrap),
@@ -321,9 +321,6 @@ class Proxy:
         await coordination.run()
 
     def spawn(self, coro: Any) -> None:
-        self._spawn(coro)
-
-    def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -419,7 +416,7 @@ class Proxy:
 
     def reload(self) -> None:
         """SIGHUP: reload in the background (see ``reload_config``)."""
-        self._spawn(self.reload_config())
+        self.spawn(self.reload_config())
 
     async def reload_config(self) -> bool:
         """Re-read the config file; apply its quotas to live budgets. The file is read and
@@ -450,11 +447,10 @@ class Proxy:
         if "listeners" in ignored and (listeners_without_rates(new.listeners)
                                        == listeners_without_rates(self.config.listeners)):
             ignored.remove("listeners")  # only max_connection_creation_rate: applied live
-        self.connection_rates.configure(new.quotas.with_overrides(self.quota_admin.overrides),
-                                        new.listeners.kinds())
+        merged = new.quotas.with_overrides(self.quota_admin.overrides)
+        self.connection_rates.configure(merged, new.listeners.kinds())
         changed = new.quotas != self.config.quotas
         if changed:
-            merged = new.quotas.with_overrides(self.quota_admin.overrides)
             self.quotas.update(merged.settings())
             self.mutations.configure(merged, now_ms())
         self.config = self.config.model_copy(update={"quotas": new.quotas})

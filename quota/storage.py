@@ -248,10 +248,6 @@ class Verdict:
     missing: tuple[int, ...] = ()  # known brokers with no snapshot
     fail_safe: bool = False  # the state comes from the fail-safe, for lack of data
 
-    @property
-    def admits_produce(self) -> bool:
-        return self.state is not State.PAUSE
-
 
 OPEN = Verdict(State.OPEN, 1.0, None, ())
 

@@ -110,10 +110,6 @@ def _everything() -> WindowSpec:
     return Window.partitionBy()
 
 
-def top_talkers(profile: DataFrame, n: int = 10) -> DataFrame:
-    return profile.orderBy(F.desc(F.col("produce_bytes") + F.col("fetch_bytes"))).limit(n)
-
-
 def budget_seconds(sec: DataFrame, mapping: pd.DataFrame, names: DataFrame) -> DataFrame:
     """Per (budget, broker, second): what the budget recorded, by the recording rule
     (``quota.recording``): produce bytes (``request_bytes - 4``), consumer fetch bytes

@@ -263,3 +263,33 @@ def proxied(entity: Any, id_field: str = "node_id") -> Any:
     if node_id < 0:
         return entity
     return dataclasses.replace(entity, host=PROXY_HOST, port=PROXY_PORT_BASE + node_id)
+
+
+def kio_request(api_key: int, version: int, correlation_id: int, client_id: str = "client-1",
+                **fields: Any) -> bytes:
+    """A request as filters see it (header and body, no size prefix): kio's class for
+    ``(api_key, version)`` built from ``fields`` (those it has; the rest left out)."""
+    from kio.index import load_request_schema
+
+    cls = load_request_schema(api_key, version)
+    names = {f.name for f in dataclasses.fields(cls)}
+    body = kio_encode(cls(**{k: v for k, v in fields.items() if k in names}))
+    return request_frame(api_key, version, correlation_id, client_id, body)[4:]
+
+
+def sasl_plain(user: str, password: str = "secret") -> bytes:
+    """SASL PLAIN's message: authzid (empty), authcid and password."""
+    return f"\x00{user}\x00{password}".encode()
+
+
+def create_topics_request(topics: list[tuple[str, int]], version: int = 7,
+                          validate_only: bool = False) -> bytes:
+    """A CreateTopics request (no size prefix; correlation id 7, client-id ``admin``) for
+    ``[(name, partitions)]``, replication factor 1."""
+    from kio.index import load_request_schema
+
+    mod = __import__(load_request_schema(19, version).__module__, fromlist=["_"])
+    return kio_request(19, version, 7, "admin", topics=tuple(
+        mod.CreatableTopic(name=n, num_partitions=p, replication_factor=1, assignments=(),
+                           configs=()) for n, p in topics),
+        timeout=datetime.timedelta(seconds=5), validate_only=validate_only)

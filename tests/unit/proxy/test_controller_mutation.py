@@ -26,8 +26,9 @@ from protocol.headers import (
 )
 from protocol.mutation_frames import decode_request
 from proxy.controller_mutation import ControllerMutations
-from proxy.filters.base import Client
 from proxy.filters.controller_mutation import CONTROLLER_MUTATION, ControllerMutationFilter
+from testkit.filter_host import FakeFilterHost
+from testkit.frames import create_topics_request
 
 NOW = [1_700_000_000_000]
 
@@ -36,15 +37,6 @@ NOW = [1_700_000_000_000]
 def _frozen_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """The filter's clock stands still unless a test moves it (exact Kafka numbers)."""
     monkeypatch.setattr("proxy.filters.controller_mutation.now_ms", lambda: NOW[0])
-
-
-class Host:
-    def __init__(self, user: str = "alice") -> None:
-        self.client = Client(1, "plain", 0, user)
-        self.closed: list[str] = []
-
-    def close(self, reason: str, *, detail: str | None = None, side: str | None = None) -> None:
-        self.closed.append(reason)
 
 
 def _mutations(rate: float = 1.0, samples: int = 11) -> ControllerMutations:
@@ -57,16 +49,6 @@ def _encode(api_key: int, version: int, value: Any) -> bytes:
     buf = io.BytesIO()
     entity_writer(type(value))(buf, value)
     return encode_request_header(api_key, version, 7, "admin") + buf.getvalue()
-
-
-def create_topics(topics: list[tuple[str, int]], version: int = 7,
-                  validate_only: bool = False) -> bytes:
-    cls = load_request_schema(19, version)
-    mod = __import__(cls.__module__, fromlist=["_"])
-    return _encode(19, version, cls(topics=tuple(
-        mod.CreatableTopic(name=n, num_partitions=p, replication_factor=1, assignments=(),
-                           configs=()) for n, p in topics),
-        timeout=datetime.timedelta(seconds=5), validate_only=validate_only))
 
 
 def delete_topics(names: list[str], version: int = 6) -> bytes:
@@ -140,8 +122,8 @@ def _results(value: Any) -> list[tuple[str | None, int]]:
 
 
 def test_no_quota_configured_forwards_everything_untouched() -> None:
-    f = ControllerMutationFilter(Host(), ControllerMutations(QuotasConfig()))
-    frame = create_topics([("a", 100), ("b", 100)])
+    f = ControllerMutationFilter(FakeFilterHost("alice"), ControllerMutations(QuotasConfig()))
+    frame = create_topics_request([("a", 100), ("b", 100)])
     entry = _entry(frame)
     assert f.request_frame(entry, frame, True) is None
     assert entry.throttle_ms == 0 and entry.answer is None
@@ -149,16 +131,16 @@ def test_no_quota_configured_forwards_everything_untouched() -> None:
 
 def test_another_principal_is_not_counted() -> None:
     m = _mutations(1.0)
-    f = ControllerMutationFilter(Host("bob"), m)
-    frame = create_topics([("a", 100)])
+    f = ControllerMutationFilter(FakeFilterHost("bob"), m)
+    frame = create_topics_request([("a", 100)])
     assert f.request_frame(_entry(frame), frame, True) is None
     assert m.quotas.budgets() == []
 
 
 def test_q7_strict_request_goes_up_without_the_refused_topics_and_gets_their_89() -> None:
     m = _mutations(1.0)  # burst 11
-    f = ControllerMutationFilter(Host(), m)
-    frame = create_topics([("a", 6), ("b", 10), ("c", 1), ("d", 1)])
+    f = ControllerMutationFilter(FakeFilterHost("alice"), m)
+    frame = create_topics_request([("a", 6), ("b", 10), ("c", 1), ("d", 1)])
     entry = _entry(frame)
     upstream = f.request_frame(entry, frame, True)
     assert upstream is not None
@@ -177,10 +159,10 @@ def test_q7_strict_request_goes_up_without_the_refused_topics_and_gets_their_89(
 
 def test_q6_all_refused_is_answered_by_the_proxy_with_a_filler_upstream() -> None:
     m = _mutations(1.0)
-    f = ControllerMutationFilter(Host(), m)
-    first = create_topics([("a", 20)])
+    f = ControllerMutationFilter(FakeFilterHost("alice"), m)
+    first = create_topics_request([("a", 20)])
     f.request_frame(_entry(first), first, True)  # 11 -> -9
-    frame = create_topics([("b", 1), ("c", 1)])
+    frame = create_topics_request([("b", 1), ("c", 1)])
     entry = _entry(frame)
     upstream = f.request_frame(entry, frame, True)
     assert upstream is not None and len(upstream) == len(frame)
@@ -192,8 +174,8 @@ def test_q6_all_refused_is_answered_by_the_proxy_with_a_filler_upstream() -> Non
 
 
 def test_q5_strict_overdraw_without_refusal_has_no_throttle() -> None:
-    f = ControllerMutationFilter(Host(), _mutations(1.0))
-    frame = create_topics([("a", 50)])
+    f = ControllerMutationFilter(FakeFilterHost("alice"), _mutations(1.0))
+    frame = create_topics_request([("a", 50)])
     entry = _entry(frame)
     assert f.request_frame(entry, frame, True) is None
     assert entry.throttle_ms == 0
@@ -202,8 +184,8 @@ def test_q5_strict_overdraw_without_refusal_has_no_throttle() -> None:
 @pytest.mark.parametrize("version", [2, 5])
 def test_q8_permissive_versions_go_whole_and_are_throttled(version: int) -> None:
     m = _mutations(1.0)
-    f = ControllerMutationFilter(Host(), m)
-    frame = create_topics([("a", 10), ("b", 5)], version=version)
+    f = ControllerMutationFilter(FakeFilterHost("alice"), m)
+    frame = create_topics_request([("a", 10), ("b", 5)], version=version)
     entry = _entry(frame)
     assert f.request_frame(entry, frame, True) is None  # forwarded as sent
     assert entry.throttle_ms == 4000  # 11 - 15 = -4 at 1/s
@@ -212,8 +194,8 @@ def test_q8_permissive_versions_go_whole_and_are_throttled(version: int) -> None
 
 def test_q9_q10_topics_the_broker_refuses_are_given_back_and_create_costs_what_it_made() -> None:
     m = _mutations(1.0)
-    f = ControllerMutationFilter(Host(), m)
-    frame = create_topics([("a", 4), ("exists", 3), ("c", -1)])
+    f = ControllerMutationFilter(FakeFilterHost("alice"), m)
+    frame = create_topics_request([("a", 4), ("exists", 3), ("c", -1)])
     entry = _entry(frame)
     f.request_frame(entry, frame, True)
     budget = m.quotas.budgets()[0]
@@ -227,7 +209,7 @@ def test_q9_q10_topics_the_broker_refuses_are_given_back_and_create_costs_what_i
 def test_q9_delete_costs_the_partitions_last_seen_and_forgets_the_topic() -> None:
     m = _mutations(1.0)
     m.partitions.observe("big", None, 8)
-    f = ControllerMutationFilter(Host(), m)
+    f = ControllerMutationFilter(FakeFilterHost("alice"), m)
     frame = delete_topics(["big", "unknown"])
     entry = _entry(frame)
     assert f.request_frame(entry, frame, True) is None
@@ -242,7 +224,7 @@ def test_q9_delete_costs_the_partitions_last_seen_and_forgets_the_topic() -> Non
 def test_q4_delete_topics_strict_since_v5(version: int, strict_: bool) -> None:
     m = _mutations(1.0)
     m.partitions.observe("a", None, 20)
-    f = ControllerMutationFilter(Host(), m)
+    f = ControllerMutationFilter(FakeFilterHost("alice"), m)
     frame = delete_topics(["a", "b"], version=version)
     entry = _entry(frame)
     upstream = f.request_frame(entry, frame, True)
@@ -258,7 +240,7 @@ def test_q4_delete_topics_strict_since_v5(version: int, strict_: bool) -> None:
 def test_q9_create_partitions_costs_what_it_adds_strict_since_v3() -> None:
     m = _mutations(1.0)
     m.partitions.observe("a", None, 4)
-    f = ControllerMutationFilter(Host(), m)
+    f = ControllerMutationFilter(FakeFilterHost("alice"), m)
     frame = create_partitions([("a", 16), ("b", 2)])
     entry = _entry(frame)
     upstream = f.request_frame(entry, frame, True)
@@ -273,14 +255,14 @@ def test_q9_create_partitions_costs_what_it_adds_strict_since_v3() -> None:
 
 def test_q11_validate_only_is_charged_as_kraft_does() -> None:
     m = _mutations(1.0)
-    f = ControllerMutationFilter(Host(), m)
-    frame = create_topics([("a", 11)], validate_only=True)
+    f = ControllerMutationFilter(FakeFilterHost("alice"), m)
+    frame = create_topics_request([("a", 11)], validate_only=True)
     f.request_frame(_entry(frame), frame, True)
-    frame = create_topics([("b", 1)], validate_only=True)
+    frame = create_topics_request([("b", 1)], validate_only=True)
     entry = _entry(frame)
     f.request_frame(entry, frame, True)
     assert entry.answer is None  # exactly 0 left: b goes
-    frame = create_topics([("c", 1)], validate_only=True)
+    frame = create_topics_request([("c", 1)], validate_only=True)
     entry = _entry(frame)
     f.request_frame(entry, frame, True)
     assert entry.answer is not None
@@ -288,8 +270,8 @@ def test_q11_validate_only_is_charged_as_kraft_does() -> None:
 
 def test_an_undecodable_request_passes_untouched() -> None:
     m = _mutations(1.0)
-    f = ControllerMutationFilter(Host(), m)
-    frame = create_topics([("a", 1)])[:-3]
+    f = ControllerMutationFilter(FakeFilterHost("alice"), m)
+    frame = create_topics_request([("a", 1)])[:-3]
     entry = _entry(frame)
     assert f.request_frame(entry, frame, True) is None
     assert m.undecodable == 1 and entry.answer is None
@@ -297,8 +279,8 @@ def test_an_undecodable_request_passes_untouched() -> None:
 
 def test_a_request_too_large_to_read_whole_passes_uncounted() -> None:
     m = _mutations(1.0)
-    f = ControllerMutationFilter(Host(), m)
-    frame = create_topics([("a", 100)])
+    f = ControllerMutationFilter(FakeFilterHost("alice"), m)
+    frame = create_topics_request([("a", 100)])
     entry = _entry(frame)
     assert f.request_frame(entry, frame, False) is None  # (cut-through: not patchable)
     assert m.undecodable == 1 and m.quotas.budgets() == [] and entry.throttle_ms == 0
@@ -333,8 +315,8 @@ def test_a_request_forwarded_without_topics_gets_its_own_size_among_pipelined_fr
     from testkit.frames import request_frame
 
     m = _mutations(1.0)
-    f = ControllerMutationFilter(Host(), m)
-    create = create_topics([("a", 12), ("b", 1), ("c", 1)])
+    f = ControllerMutationFilter(FakeFilterHost("alice"), m)
+    create = create_topics_request([("a", 12), ("b", 1), ("c", 1)])
     before = request_frame(3, 12, 5, "admin", b"\x01\x00\x00")
     after = request_frame(18, 3, 9, "admin", b"\x01\x01\x00")
     data = before + len(create).to_bytes(4, "big") + create + after
@@ -354,7 +336,7 @@ def test_a_delete_by_topic_id_costs_its_partitions_and_is_given_back_when_it_fai
     m = _mutations(1.0)
     topic_id = uuid.uuid4()
     m.partitions.observe("t", topic_id, 5)
-    f = ControllerMutationFilter(Host(), m)
+    f = ControllerMutationFilter(FakeFilterHost("alice"), m)
     cls = load_request_schema(20, 6)
     mod = __import__(cls.__module__, fromlist=["_"])
     frame = _encode(20, 6, cls(topics=(mod.DeleteTopicState(name=None, topic_id=topic_id),),

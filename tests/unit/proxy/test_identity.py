@@ -6,7 +6,6 @@ from the per-request path (``FilterChain.retire``)."""
 from __future__ import annotations
 
 import base64
-import dataclasses
 import datetime
 import json
 import time
@@ -16,7 +15,6 @@ import pytest
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
-from kio.index import load_request_schema
 from kio.static.primitive import i64Timedelta
 
 from protocol.correlation import InFlight
@@ -35,23 +33,16 @@ from protocol.sasl_frames import (
     handshake_mechanism,
 )
 from proxy.filters import identity as identity_module
-from proxy.filters.base import Client, Filter, FilterChain
+from proxy.filters.base import Filter, FilterChain
 from proxy.filters.identity import SaslInspection, SaslSettings
 from security.sasl import Jwks
-from testkit.frames import kio_encode, request_frame
+from testkit.filter_host import FakeFilterHost, RecordingLog
+from testkit.frames import kio_request, sasl_plain
 
 METADATA = 3
 PRODUCE = 0
 
 # ------------------------------------------------------------------ frames
-
-
-def request(api_key: int, version: int, correlation_id: int, **fields: Any) -> bytes:
-    """A request frame as the filter sees it: header and body, no size prefix."""
-    cls = load_request_schema(api_key, version)
-    names = {f.name for f in dataclasses.fields(cls)}
-    body = kio_encode(cls(**{k: v for k, v in fields.items() if k in names}))
-    return request_frame(api_key, version, correlation_id, "client-1", body)[4:]
 
 
 def authenticate_response(version: int, correlation_id: int, error_code: int = 0,
@@ -100,55 +91,13 @@ def oauthbearer(token: str) -> bytes:
     return f"n,,\x01auth=Bearer {token}\x01\x01".encode()
 
 
-def plain(user: str, password: str = "secret") -> bytes:
-    return f"\x00{user}\x00{password}".encode()
-
-
 # ------------------------------------------------------------------ a fake connection
 
 
-class RecordingLog:
-    def __init__(self) -> None:
-        self.events: list[tuple[str, str, dict[str, Any]]] = []
-
-    def _record(self, level: str) -> Any:
-        return lambda event, **fields: self.events.append((level, event, fields))
-
-    def __getattr__(self, level: str) -> Any:
-        return self._record(level)
-
-    def names(self) -> list[str]:
-        return [event for _, event, _ in self.events]
-
-
-class FakeHost:
-    """What ``SaslInspection`` uses of its connection; ``close`` and ``retire`` recorded."""
-
-    def __init__(self, chain: FilterChain | None = None) -> None:
-        self.client = Client(7, "bootstrap", -1, "ANONYMOUS")
-        self.client.peer = "192.0.2.10:50000"
-        self.client_gate: Any = None
-        self.table: Any = None
-        self.requests: Any = None
-        self.responses: Any = None
-        self.closes: list[tuple[str, str | None, str | None]] = []
-        self.retired: list[tuple[Filter, tuple[str, ...]]] = []
-        self.chain = chain
-
-    def mute(self, throttle_ms: int) -> None:
-        raise AssertionError("SASL inspection never mutes")
-
-    def close(self, reason: str, *, detail: str | None = None, side: str | None = None) -> None:
-        self.closes.append((reason, side, detail))
-
-    def retire(self, f: Filter, hooks: tuple[str, ...]) -> None:
-        self.retired.append((f, hooks))
-        if self.chain is not None:
-            self.chain.retire(f, hooks)
-
-    @property
-    def close_reasons(self) -> list[str]:
-        return [reason for reason, _, _ in self.closes]
+def fake_host(chain: FilterChain | None = None) -> FakeFilterHost:
+    """What ``SaslInspection`` uses of its connection (it never mutes)."""
+    return FakeFilterHost(conn_id=7, listener="bootstrap", scope=-1, peer="192.0.2.10:50000",
+                          chain=chain, may_mute=False)
 
 
 class Session:
@@ -157,7 +106,7 @@ class Session:
     ``response_frame`` for their responses."""
 
     def __init__(self, settings: SaslSettings | None = None) -> None:
-        self.host = FakeHost()
+        self.host = fake_host()
         self.settings = settings or SaslSettings("ANONYMOUS", "sub", None)
         self.filter = SaslInspection(self.host, self.settings)  # type: ignore[arg-type]
         self.correlation = 0
@@ -168,7 +117,7 @@ class Session:
 
     def send(self, api_key: int, version: int, **fields: Any) -> InFlight:
         self.correlation += 1
-        frame = request(api_key, version, self.correlation, **fields)
+        frame = kio_request(api_key, version, self.correlation, **fields)
         entry = InFlight(api_key, version, self.correlation, "client-1", len(frame) + 4, True)
         if not self.host.retired:
             self.filter.request(entry)
@@ -211,11 +160,11 @@ def log(monkeypatch: pytest.MonkeyPatch) -> RecordingLog:
 
 
 def test_sasl_frames_read_what_was_encoded() -> None:
-    assert handshake_mechanism(request(SASL_HANDSHAKE, 1, 1, mechanism="SCRAM-SHA-512"),
+    assert handshake_mechanism(kio_request(SASL_HANDSHAKE, 1, 1, mechanism="SCRAM-SHA-512"),
                                1) == "SCRAM-SHA-512"
     assert handshake_error(handshake_response(1, 1, UNSUPPORTED_SASL_MECHANISM), 1) == 33
     for version in (0, 1, 2):
-        frame = request(SASL_AUTHENTICATE, version, 9, auth_bytes=b"\x00u\x00p")
+        frame = kio_request(SASL_AUTHENTICATE, version, 9, auth_bytes=b"\x00u\x00p")
         assert authenticate_bytes(frame, version) == b"\x00u\x00p"
     result = authenticate_result(
         authenticate_response(2, 3, ILLEGAL_SASL_STATE, b"xy", "bad state", 60_000), 2)
@@ -265,14 +214,14 @@ def test_exchange_requests_are_exempt_before_authentication(api_key: int, versio
 def test_authenticate_after_a_handshake_is_exempt() -> None:
     s = Session()
     s.handshake("PLAIN")
-    entry = s.authenticate(plain("alice"))
+    entry = s.authenticate(sasl_plain("alice"))
     assert entry.exempt is True
     assert s.host.closes == []
 
 
 def test_authenticate_without_a_handshake_is_out_of_order() -> None:
     s = Session()
-    s.authenticate(plain("alice"))
+    s.authenticate(sasl_plain("alice"))
     assert s.host.close_reasons == ["sasl_out_of_order"]
     assert s.host.closes[0][1] == "client"
 
@@ -297,7 +246,7 @@ def test_a_refused_handshake_forgets_the_mechanism() -> None:
 def test_malformed_authenticate_request_closes_on_the_client_side() -> None:
     s = Session()
     s.handshake("PLAIN")
-    frame = request(SASL_AUTHENTICATE, 2, 5, auth_bytes=plain("alice"))[:-4]  # truncated
+    frame = kio_request(SASL_AUTHENTICATE, 2, 5, auth_bytes=sasl_plain("alice"))[:-4]  # truncated
     entry = InFlight(SASL_AUTHENTICATE, 2, 5, "client-1", len(frame), True)
     s.filter.request_frame(entry, frame, True)
     assert s.host.close_reasons == ["malformed_frame"]
@@ -307,7 +256,7 @@ def test_malformed_authenticate_request_closes_on_the_client_side() -> None:
 def test_malformed_authenticate_response_closes_on_the_upstream_side() -> None:
     s = Session()
     s.handshake("PLAIN")
-    entry = s.authenticate(plain("alice"))
+    entry = s.authenticate(sasl_plain("alice"))
     s.filter.response_frame(entry, authenticate_response(2, entry.correlation_id)[:-3])
     assert s.host.close_reasons == ["malformed_frame"]
     assert s.host.closes[0][1] == "upstream"
@@ -320,7 +269,7 @@ def test_malformed_authenticate_response_closes_on_the_upstream_side() -> None:
 def test_plain_success_sets_the_authcid(log: RecordingLog) -> None:
     s = Session()
     s.handshake("PLAIN")
-    entry = s.authenticate(plain("alice"))
+    entry = s.authenticate(sasl_plain("alice"))
     assert s.user == "ANONYMOUS"  # not before the broker's verdict
     s.answer(entry, lifetime_ms=3_600_000)
     assert s.user == "alice"
@@ -335,7 +284,7 @@ def test_plain_success_sets_the_authcid(log: RecordingLog) -> None:
 def test_plain_failure_leaves_anonymous_and_logs(log: RecordingLog) -> None:
     s = Session()
     s.handshake("PLAIN")
-    entry = s.authenticate(plain("mallory"))
+    entry = s.authenticate(sasl_plain("mallory"))
     s.answer(entry, SASL_AUTHENTICATION_FAILED, error_message="Authentication failed")
     assert s.user == "ANONYMOUS"
     assert s.host.retired == []
@@ -353,8 +302,8 @@ def test_plain_failure_leaves_anonymous_and_logs(log: RecordingLog) -> None:
 
 def test_plain_failure_then_success_as_someone_else() -> None:
     s = Session()
-    s.login("PLAIN", plain("mallory"), SASL_AUTHENTICATION_FAILED)
-    s.login("PLAIN", plain("alice"))
+    s.login("PLAIN", sasl_plain("mallory"), SASL_AUTHENTICATION_FAILED)
+    s.login("PLAIN", sasl_plain("alice"))
     assert s.user == "alice"
 
 
@@ -362,7 +311,7 @@ def test_plain_failure_then_success_as_someone_else() -> None:
 def test_plain_every_authenticate_version(version: int) -> None:
     s = Session()
     s.handshake("PLAIN")
-    entry = s.authenticate(plain("alice"), version=version)
+    entry = s.authenticate(sasl_plain("alice"), version=version)
     s.answer(entry)
     assert s.user == "alice"
 
@@ -380,7 +329,7 @@ def test_unreadable_plain_refused_by_the_broker_does_not_close() -> None:
     s = Session()
     s.login("PLAIN", b"no separators", SASL_AUTHENTICATION_FAILED)
     assert s.host.closes == []
-    s.login("PLAIN", plain("alice"))  # the next handshake starts afresh
+    s.login("PLAIN", sasl_plain("alice"))  # the next handshake starts afresh
     assert s.host.closes == []
     assert s.user == "alice"
 
@@ -390,14 +339,14 @@ def test_unreadable_plain_refused_by_the_broker_does_not_close() -> None:
 
 def test_authentication_retires_request_and_serial() -> None:
     s = Session()
-    s.login("PLAIN", plain("alice"))
+    s.login("PLAIN", sasl_plain("alice"))
     assert s.host.retired == [(s.filter, ("request", "serial"))]
 
 
 def test_reauthentication_as_another_user_changes_the_principal(log: RecordingLog) -> None:
     s = Session()
-    s.login("PLAIN", plain("alice"))
-    s.login("PLAIN", plain("bob"))
+    s.login("PLAIN", sasl_plain("alice"))
+    s.login("PLAIN", sasl_plain("bob"))
     assert s.user == "bob"
     assert len(s.host.retired) == 1  # retired once
     (event,) = [e for e in log.events if e[1] == "principal_changed"]
@@ -407,8 +356,8 @@ def test_reauthentication_as_another_user_changes_the_principal(log: RecordingLo
 
 def test_reauthentication_as_the_same_user(log: RecordingLog) -> None:
     s = Session()
-    s.login("PLAIN", plain("alice"))
-    s.login("PLAIN", plain("alice"))
+    s.login("PLAIN", sasl_plain("alice"))
+    s.login("PLAIN", sasl_plain("alice"))
     assert s.user == "alice"
     assert "principal_changed" not in log.names()
     assert log.names().count("client_reauthenticated") == 1
@@ -417,8 +366,8 @@ def test_reauthentication_as_the_same_user(log: RecordingLog) -> None:
 
 def test_failed_reauthentication_keeps_the_principal() -> None:
     s = Session()
-    s.login("PLAIN", plain("alice"))
-    s.login("PLAIN", plain("bob"), SASL_AUTHENTICATION_FAILED)
+    s.login("PLAIN", sasl_plain("alice"))
+    s.login("PLAIN", sasl_plain("bob"), SASL_AUTHENTICATION_FAILED)
     assert s.user == "alice"
     assert s.host.closes == []
 
@@ -426,7 +375,7 @@ def test_failed_reauthentication_keeps_the_principal() -> None:
 def test_other_response_frames_are_ignored() -> None:
     s = Session()
     s.handshake("PLAIN")
-    auth = s.authenticate(plain("alice"))
+    auth = s.authenticate(sasl_plain("alice"))
     versions = InFlight(API_VERSIONS, 0, 99, "client-1", 20, True)
     # an ApiVersions response with error 0: not the verdict of the exchange under way
     s.filter.response_frame(versions, encode_response(API_VERSIONS, 0, 99, error_code=0,
@@ -614,7 +563,7 @@ def hooks(chain: FilterChain, name: str) -> list[Any]:
 
 
 def test_retire_removes_only_the_filters_hooks() -> None:
-    host = FakeHost()
+    host = fake_host()
     sasl = SaslInspection(host, SaslSettings("ANONYMOUS", "sub", None))  # type: ignore[arg-type]
     before, after = Other(), Other()
     chain = FilterChain([before, sasl, after])
@@ -639,7 +588,7 @@ def test_retire_one_instance_keeps_another_of_the_same_class() -> None:
 
 
 def test_authentication_takes_the_filter_off_the_request_path() -> None:
-    chain_host = FakeHost()
+    chain_host = fake_host()
     sasl = SaslInspection(chain_host, SaslSettings("ANONYMOUS", "sub", None))  # type: ignore[arg-type]
     chain = FilterChain([sasl])
     chain_host.chain = chain
@@ -649,12 +598,12 @@ def test_authentication_takes_the_filter_off_the_request_path() -> None:
     for hook in chain.request:
         hook(entry)
     for frame_hook in chain.request_frame:
-        frame_hook(entry, request(SASL_HANDSHAKE, 1, 1, mechanism="PLAIN"), True)
+        frame_hook(entry, kio_request(SASL_HANDSHAKE, 1, 1, mechanism="PLAIN"), True)
     for response_hook in chain.response_frame:
         response_hook(entry, handshake_response(1, 1))
     auth = InFlight(SASL_AUTHENTICATE, 2, 2, "c", 0, True)
     for frame_hook in chain.request_frame:
-        frame_hook(auth, request(SASL_AUTHENTICATE, 2, 2, auth_bytes=plain("alice")), True)
+        frame_hook(auth, kio_request(SASL_AUTHENTICATE, 2, 2, auth_bytes=sasl_plain("alice")), True)
     for response_hook in chain.response_frame:
         response_hook(auth, authenticate_response(2, 2))
     assert chain_host.client.user == "alice"

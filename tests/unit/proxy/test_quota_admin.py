@@ -19,30 +19,13 @@ from protocol.correlation import CorrelationTable, InFlight
 from protocol.headers import encode_request_header, parse_request_header, parse_response_header
 from protocol.request_stream import RequestStream
 from proxy.connection import patch_captured
-from proxy.filters.base import Client
 from proxy.filters.quota_admin import QuotaAdminFilter
 from proxy.quota_admin import AlterFailed, ClientQuotaAdmin
 from quota.client_quotas import Change, encode_record
+from testkit.filter_host import FakeFilterHost
 from testkit.frames import request_frame
 
 ALICE = (("user", "alice"),)
-
-
-class Host:
-    def __init__(self, user: str) -> None:
-        self.client = Client(1, "plain", 0, user)
-        self.closed: list[str] = []
-        self.holds: list[str] = []
-        self.released: list[str] = []
-
-    def close(self, reason: str, *, detail: str | None = None, side: str | None = None) -> None:
-        self.closed.append(reason)
-
-    def hold_responses(self, reason: str) -> None:
-        self.holds.append(reason)
-
-    def release_responses(self, reason: str) -> None:
-        self.released.append(reason)
 
 
 def _admin(**quotas: Any) -> tuple[ClientQuotaAdmin, list[int]]:
@@ -106,7 +89,8 @@ def test_describe_answers_the_merged_view_to_allowed_principals(user: str) -> No
     admin, _ = _admin()
     admin.overrides = {(("user", "bob"),): {"consumer_byte_rate": 5.0},
                        ALICE: {"request_percentage": 20.0}}
-    value = _answer(_run(QuotaAdminFilter(Host(user), admin), _describe([("user", 2, None)])))
+    value = _answer(_run(QuotaAdminFilter(FakeFilterHost(user), admin),
+                         _describe([("user", 2, None)])))
     assert (value.error_code, value.error_message) == (0, None)
     got = {tuple((c.entity_type, c.entity_name) for c in e.entity):
            {v.key: v.value for v in e.values} for e in value.entries}
@@ -126,7 +110,7 @@ async def test_ip_entities_are_described_and_altered() -> None:
         admin._apply(changes)
 
     admin.write = write  # type: ignore[method-assign]
-    host = Host("admin")
+    host = FakeFilterHost("admin")
     value = _answer(_run(QuotaAdminFilter(host, admin), _describe([("ip", 2, None)])))
     assert (value.error_code, value.error_message) == (0, None)
     assert [([(c.entity_type, c.entity_name) for c in e.entity],
@@ -150,7 +134,7 @@ async def test_ip_entities_are_described_and_altered() -> None:
 
 def test_describe_refused_to_other_principals() -> None:
     admin, _ = _admin()
-    value = _answer(_run(QuotaAdminFilter(Host("mallory"), admin), _describe([])))
+    value = _answer(_run(QuotaAdminFilter(FakeFilterHost("mallory"), admin), _describe([])))
     assert (value.error_code, value.error_message, value.entries) == (31, None, None)
     assert admin.describes["refused"] == 1
 
@@ -158,7 +142,7 @@ def test_describe_refused_to_other_principals() -> None:
 @pytest.mark.parametrize("version", [0, 1])
 def test_a_bad_filter_is_the_top_level_error(version: int) -> None:
     admin, _ = _admin()
-    entry = _run(QuotaAdminFilter(Host("admin"), admin),
+    entry = _run(QuotaAdminFilter(FakeFilterHost("admin"), admin),
                  _describe([("user", 0, None)], version=version))
     value = _answer(entry)
     assert value.error_code == 42 and value.entries is None
@@ -168,7 +152,7 @@ def test_a_bad_filter_is_the_top_level_error(version: int) -> None:
 
 def test_alter_refused_per_entry_to_principals_not_admins() -> None:
     admin, _ = _admin()
-    host = Host("viewer")
+    host = FakeFilterHost("viewer")
     value = _answer(_run(QuotaAdminFilter(host, admin), _alter([
         ([("user", "bob")], [("producer_byte_rate", 10.0, False)]),
         ([("client-id", None)], [("consumer_byte_rate", 10.0, False)])])))
@@ -181,7 +165,7 @@ def test_alter_refused_per_entry_to_principals_not_admins() -> None:
 
 def test_validate_only_answers_and_changes_nothing() -> None:
     admin, changed = _admin()
-    host = Host("admin")
+    host = FakeFilterHost("admin")
     value = _answer(_run(QuotaAdminFilter(host, admin), _alter([
         ([("user", "bob")], [("producer_byte_rate", 10.0, False)]),
         ([("user", "eve")], [("producer_byte_rate", 1.5, False)])], validate_only=True)))
@@ -193,7 +177,7 @@ def test_validate_only_answers_and_changes_nothing() -> None:
 
 def test_alters_refused_when_overrides_are_disabled() -> None:
     admin, _ = _admin(overrides={"enabled": False})
-    value = _answer(_run(QuotaAdminFilter(Host("admin"), admin), _alter([
+    value = _answer(_run(QuotaAdminFilter(FakeFilterHost("admin"), admin), _alter([
         ([("user", "bob")], [("producer_byte_rate", 10.0, False)])])))
     assert value.entries[0].error_code == 42
     assert "quotas.overrides.enabled is false" in value.entries[0].error_message
@@ -210,7 +194,7 @@ async def test_an_alter_holds_the_responses_until_it_is_stored() -> None:
         admin._apply(changes)
 
     admin.write = write  # type: ignore[method-assign]
-    host = Host("admin")
+    host = FakeFilterHost("admin")
     entry = _run(QuotaAdminFilter(host, admin), _alter([
         ([("user", "bob")], [("producer_byte_rate", 10.0, False)])]))
     assert host.holds == ["quota_alter:11"] and host.released == []
@@ -232,7 +216,7 @@ async def test_an_alter_that_cannot_be_stored_answers_an_error() -> None:
         raise AlterFailed("KafkaTimeoutError()")
 
     admin.write = write  # type: ignore[method-assign]
-    host = Host("admin")
+    host = FakeFilterHost("admin")
     entry = _run(QuotaAdminFilter(host, admin), _alter([
         ([("user", "bob")], [("producer_byte_rate", 10.0, False)]),
         ([("user", "")], [("producer_byte_rate", 10.0, False)])]))
@@ -247,11 +231,11 @@ async def test_an_alter_that_cannot_be_stored_answers_an_error() -> None:
 
 def test_a_frame_that_does_not_decode_closes_the_connection() -> None:
     admin, _ = _admin()
-    host = Host("admin")
+    host = FakeFilterHost("admin")
     frame = encode_request_header(48, 1, 3, "c") + b"\x05"
     entry = InFlight(48, 1, 3, "c", len(frame) + 4, True)
     QuotaAdminFilter(host, admin).request_frame(entry, frame, True)
-    assert host.closed == ["malformed_frame"] and entry.answer is None
+    assert host.close_reasons == ["malformed_frame"] and entry.answer is None
 
 
 def test_the_filler_replaces_the_frame_even_with_a_frame_under_way_after_it() -> None:
@@ -262,7 +246,7 @@ def test_the_filler_replaces_the_frame_even_with_a_frame_under_way_after_it() ->
     forward, events = stream.feed(len(describe).to_bytes(4, "big") + describe + produce[:40])
     assert stream.mid_frame  # the Produce frame goes on cut-through
     admin, _ = _admin()
-    f = QuotaAdminFilter(Host("admin"), admin)
+    f = QuotaAdminFilter(FakeFilterHost("admin"), admin)
     out = patch_captured(stream, forward, events, stream.captured, f.request_frame)
     assert len(out) == len(forward)
     assert parse_request_header(bytes(out[4:]), 0, len(describe)).api_key == 18
@@ -289,8 +273,8 @@ def test_frames_other_filters_asked_for_are_left_alone() -> None:
     """The chain's request_frame hooks see every frame captured whole, for any filter: a
     Fetch captured for fetch routing is not this filter's."""
     admin, _ = _admin()
-    host = Host("admin")
+    host = FakeFilterHost("admin")
     frame = request_frame(1, 15, 3, "consumer", b"\x00" * 60)[4:]
     entry = InFlight(1, 15, 3, "consumer", len(frame) + 4, True)
     assert QuotaAdminFilter(host, admin).request_frame(entry, frame, True) is None
-    assert entry.answer is None and host.closed == []
+    assert entry.answer is None and host.close_reasons == []

@@ -38,8 +38,8 @@ from proxy.filters.sasl_server import (
 from security.credentials import Credentials, add_user
 from security.sasl import SaslError
 from security.scram import ScramClient, parse_credential
-from testkit.frames import kio_decode, response_class, split
-from tests.unit.proxy.test_identity import FakeHost, RecordingLog, plain, request
+from testkit.filter_host import FakeFilterHost, RecordingLog
+from testkit.frames import kio_decode, kio_request, response_class, sasl_plain, split
 
 METADATA = 3
 ALL = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -58,20 +58,20 @@ def sized(frame: bytes) -> bytes:
 
 
 def api_versions(cid: int, version: int = 3) -> bytes:
-    return sized(request(API_VERSIONS, version, cid, client_software_name="test",
+    return sized(kio_request(API_VERSIONS, version, cid, client_software_name="test",
                          client_software_version="1.0"))
 
 
 def handshake(cid: int, mechanism: str, version: int = 1) -> bytes:
-    return sized(request(SASL_HANDSHAKE, version, cid, mechanism=mechanism))
+    return sized(kio_request(SASL_HANDSHAKE, version, cid, mechanism=mechanism))
 
 
 def authenticate(cid: int, auth: bytes, version: int = 2) -> bytes:
-    return sized(request(SASL_AUTHENTICATE, version, cid, auth_bytes=auth))
+    return sized(kio_request(SASL_AUTHENTICATE, version, cid, auth_bytes=auth))
 
 
 def metadata(cid: int) -> bytes:
-    return sized(request(METADATA, 12, cid, topics=None, allow_auto_topic_creation=False,
+    return sized(kio_request(METADATA, 12, cid, topics=None, allow_auto_topic_creation=False,
                          include_topic_authorized_operations=False))
 
 
@@ -109,20 +109,9 @@ def authenticate_body(answer: bytes, version: int) -> Any:
 # ------------------------------------------------------------------ a fake connection
 
 
-class Host(FakeHost):
-    """``FakeHost`` (``client``, ``retire`` recorded) with ``resume_interception`` counted."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.resumed = 0
-
-    def resume_interception(self) -> None:
-        self.resumed += 1
-
-
 def make(mechanisms: tuple[str, ...] = ALL, credentials: Credentials = CREDENTIALS,
-         max_frame_bytes: int = MAX_FRAME) -> tuple[SaslTermination, Host]:
-    host = Host()
+         max_frame_bytes: int = MAX_FRAME) -> tuple[SaslTermination, FakeFilterHost]:
+    host = FakeFilterHost(conn_id=7, listener="bootstrap", scope=-1, peer="192.0.2.10:50000")
     f = SaslTermination(host, SaslServerSettings(mechanisms, credentials,
                                                  max_frame_bytes))
     return f, host
@@ -171,7 +160,7 @@ def test_api_versions_goes_on_and_the_next_frame_waits_for_its_response() -> Non
     assert entry.exempt is True  # not counted in any quota
     # the handshake waits, whatever else arrives meanwhile
     assert f.intercept(b"") == Intercepted()
-    assert f.intercept(authenticate(3, plain("alice", "alice-pw"))[:5]) == Intercepted()
+    assert f.intercept(authenticate(3, sasl_plain("alice", "alice-pw"))[:5]) == Intercepted()
     assert host.resumed == 0
     f.response_done(entry)
     assert host.resumed == 1  # the connection is asked to go on with the held frame
@@ -222,7 +211,7 @@ def test_handshake_lists_the_configured_mechanisms_in_order() -> None:
 @pytest.mark.parametrize("mechanism", ["PLAIN", "GSSAPI", "OAUTHBEARER", "scram-sha-512"])
 def test_handshake_unoffered_mechanism_answers_33_and_fails(mechanism: str) -> None:
     f, host = make(mechanisms=("SCRAM-SHA-512",))
-    result = f.intercept(handshake(5, mechanism) + authenticate(6, plain("alice", "alice-pw")))
+    result = f.intercept(handshake(5, mechanism) + authenticate(6, sasl_plain("alice", "alice-pw")))
     (answer,) = result.answers
     assert correlation_of(answer) == 5
     assert handshake_answer(answer) == (UNSUPPORTED_SASL_MECHANISM, ["SCRAM-SHA-512"])
@@ -246,7 +235,7 @@ def test_handshake_v0_is_not_offered() -> None:
 def test_plain_right_password_authenticates_and_retires(log: RecordingLog) -> None:
     f, host = make()
     after = metadata(3) + api_versions(4)
-    result = f.intercept(handshake(1, "PLAIN") + authenticate(2, plain("alice", "alice-pw"))
+    result = f.intercept(handshake(1, "PLAIN") + authenticate(2, sasl_plain("alice", "alice-pw"))
                          + after)
     assert result.failed is None and result.forward == b""
     shake, auth = result.answers
@@ -275,15 +264,15 @@ def test_plain_with_matching_authzid() -> None:
 def test_no_bytes_after_the_exchange_leave_no_rest() -> None:
     f, _ = make()
     f.intercept(handshake(1, "PLAIN"))
-    f.intercept(authenticate(2, plain("bob", "bob-pw")))
+    f.intercept(authenticate(2, sasl_plain("bob", "bob-pw")))
     assert f.authenticated and f.rest == b""
 
 
 @pytest.mark.parametrize("auth", [
-    plain("alice", "wrong"),
-    plain("alice", "bob-pw"),  # another user's password
-    plain("mallory", "alice-pw"),  # unknown user
-    plain("alice", "alice-pwX"),
+    sasl_plain("alice", "wrong"),
+    sasl_plain("alice", "bob-pw"),  # another user's password
+    sasl_plain("mallory", "alice-pw"),  # unknown user
+    sasl_plain("alice", "alice-pwX"),
     b"alice\0alice-pw",  # one NUL
     b"\0alice\0",  # empty password
     b"carol\0alice\0alice-pw",  # authzid differs
@@ -311,7 +300,7 @@ def test_plain_wrong_credentials_answer_58_and_fail(log: RecordingLog, auth: byt
 def test_a_wrong_password_is_neither_logged_nor_in_the_failure(log: RecordingLog) -> None:
     f, _ = make()
     f.intercept(handshake(1, "PLAIN"))
-    result = f.intercept(authenticate(2, plain("alice", "Typo-Of-Alices-Secret")))
+    result = f.intercept(authenticate(2, sasl_plain("alice", "Typo-Of-Alices-Secret")))
     assert result.failed is not None
     assert "Typo-Of-Alices-Secret" not in str(result.failed)
     assert "Typo-Of-Alices-Secret" not in repr(log.events)
@@ -323,13 +312,13 @@ def test_plain_checks_the_credentials_live_now() -> None:
     f, host = make()
     f.settings.credentials = Credentials.parse(add_user("", "alice", "rotated", 4096))
     f.intercept(handshake(1, "PLAIN"))
-    result = f.intercept(authenticate(2, plain("alice", "alice-pw")))
+    result = f.intercept(authenticate(2, sasl_plain("alice", "alice-pw")))
     assert result.failed is not None
     g, other = make()
     g.settings.credentials = Credentials.parse(add_user("", "alice", "rotated", 4096))
     g.intercept(handshake(1, "PLAIN"))
     assert authenticate_answer(only_answer(
-        g.intercept(authenticate(2, plain("alice", "rotated"))))).error_code == 0
+        g.intercept(authenticate(2, sasl_plain("alice", "rotated"))))).error_code == 0
     assert other.client.user == "alice" and host.client.user == "ANONYMOUS"
 
 
@@ -338,7 +327,7 @@ def test_plain_against_a_weak_stored_credential_fails_cleanly() -> None:
         "salt=c2FsdA==,stored_key=AAAA,server_key=AAAA,iterations=100")}})
     f, _ = make(credentials=weak)
     f.intercept(handshake(1, "PLAIN"))
-    result = f.intercept(authenticate(2, plain("alice", "x")))
+    result = f.intercept(authenticate(2, sasl_plain("alice", "x")))
     assert result.failed is not None
     assert result.failed.reason == "sasl_authentication_failed"
 
@@ -448,7 +437,7 @@ def test_scram_user_without_that_mechanism_fails() -> None:
 @pytest.mark.parametrize("version", [0, 1, 2])
 def test_authenticate_before_handshake_answers_34(version: int) -> None:
     f, host = make()
-    result = f.intercept(authenticate(9, plain("alice", "alice-pw"), version))
+    result = f.intercept(authenticate(9, sasl_plain("alice", "alice-pw"), version))
     (answer,) = result.answers
     assert correlation_of(answer) == 9
     verdict = authenticate_answer(answer, version)
@@ -572,7 +561,7 @@ def streams(draw: st.DrawFn) -> tuple[bytes, int, bool]:
     version = draw(st.integers(0, 2))
     password = draw(st.sampled_from(["alice-pw", "wrong"]))
     data = (api_versions(1) + handshake(2, "PLAIN")
-            + authenticate(3, plain("alice", password), version) + metadata(4))
+            + authenticate(3, sasl_plain("alice", password), version) + metadata(4))
     return data, version, password == "alice-pw"
 
 
@@ -598,7 +587,7 @@ def test_any_split_gives_the_same_result(stream: tuple[bytes, int, bool], cuts: 
 @pytest.mark.parametrize("password", ["alice-pw", "wrong"])
 def test_byte_at_a_time_gives_the_same_result(password: str) -> None:
     data = (api_versions(1) + handshake(2, "PLAIN")
-            + authenticate(3, plain("alice", password)) + metadata(4))
+            + authenticate(3, sasl_plain("alice", password)) + metadata(4))
     whole = feed_all([data], respond_late=False)
     one_by_one = [data[i:i + 1] for i in range(len(data))]
     assert feed_all(one_by_one, respond_late=False) == whole
@@ -633,7 +622,7 @@ def test_scram_byte_at_a_time() -> None:
 def test_authenticate_versions_plain(version: int) -> None:
     f, host = make()
     f.intercept(handshake(1, "PLAIN"))
-    answer = only_answer(f.intercept(authenticate(2, plain("alice", "alice-pw"), version)))
+    answer = only_answer(f.intercept(authenticate(2, sasl_plain("alice", "alice-pw"), version)))
     body = authenticate_body(answer, version)
     assert int(body.error_code) == 0
     if version == 0:
@@ -648,7 +637,7 @@ def test_authenticate_versions_plain(version: int) -> None:
 def test_authenticate_versions_failure(version: int) -> None:
     f, _ = make()
     f.intercept(handshake(1, "PLAIN"))
-    result = f.intercept(authenticate(2, plain("alice", "nope"), version))
+    result = f.intercept(authenticate(2, sasl_plain("alice", "nope"), version))
     (answer,) = result.answers
     body = authenticate_body(answer, version)
     assert int(body.error_code) == SASL_AUTHENTICATION_FAILED
@@ -668,7 +657,7 @@ def test_authenticate_versions_scram(version: int) -> None:
 def test_authenticate_v3_is_refused() -> None:
     g, _ = make()
     g.intercept(handshake(1, "PLAIN"))
-    frame = bytearray(authenticate(2, plain("alice", "alice-pw"), version=2))
+    frame = bytearray(authenticate(2, sasl_plain("alice", "alice-pw"), version=2))
     frame[6:8] = (3).to_bytes(2, "big")  # claim v3, which the proxy does not offer
     result = g.intercept(bytes(frame))
     assert result.failed is not None and result.failed.reason == "unsupported_version"

@@ -10,29 +10,16 @@ from protocol.correlation import InFlight
 from protocol.decoded import response_body
 from protocol.mutation_frames import decode_request
 from protocol.topic_fields import TOPIC_AUTHORIZATION_FAILED, read_topics
-from proxy.filters.base import Client
 from proxy.filters.topic_guard import TopicGuardFilter
 from proxy.topic_guard import Results, TopicGuard
-from testkit.frames import request_frame
-from tests.unit.proxy.test_controller_mutation import create_topics
+from testkit.filter_host import FakeFilterHost
+from testkit.frames import create_topics_request, request_frame
 
 GUARDED = "__kafka_quota_proxy_quotas"
 
 
-class Host:
-    def __init__(self) -> None:
-        self.client = Client(1, "plain", 0, "mallory")
-        self.closed: list[tuple[str, str | None]] = []
-
-    def close(self, reason: str, *, detail: str | None = None, side: str | None = None) -> None:
-        self.closed.append((reason, detail))
-
-    def refuse(self, entry: InFlight, reason: str, detail: str) -> None:
-        self.closed.append((reason, detail))
-
-
-def _filter() -> tuple[TopicGuardFilter, Host, TopicGuard]:
-    host = Host()
+def _filter() -> tuple[TopicGuardFilter, FakeFilterHost, TopicGuard]:
+    host = FakeFilterHost("mallory")
     guard = TopicGuard([GUARDED, "__kafka_quota_proxy_usage"])
     return TopicGuardFilter(host, guard), host, guard  # type: ignore[arg-type]
 
@@ -43,10 +30,10 @@ def _entry(api_key: int, version: int, frame: bytes) -> InFlight:
 
 def test_a_mixed_request_goes_on_without_the_guarded_topic() -> None:
     f, host, guard = _filter()
-    frame = create_topics([(GUARDED, 1), ("orders", 3)])
+    frame = create_topics_request([(GUARDED, 1), ("orders", 3)])
     entry = _entry(19, 7, frame)
     out = f.request_frame(entry, frame, True)
-    assert out is not None and entry.answer is None and not host.closed
+    assert out is not None and entry.answer is None and not host.close_reasons
     assert [t.name for t in decode_request(out, 19, 7).topics] == ["orders"]
     assert isinstance(entry.refused, Results)
     assert [r.name for r in entry.refused.refs] == [GUARDED]
@@ -55,10 +42,10 @@ def test_a_mixed_request_goes_on_without_the_guarded_topic() -> None:
 
 def test_a_request_of_guarded_topics_only_is_answered_by_the_proxy() -> None:
     f, host, _ = _filter()
-    frame = create_topics([(GUARDED, 1)])
+    frame = create_topics_request([(GUARDED, 1)])
     entry = _entry(19, 7, frame)
     out = f.request_frame(entry, frame, True)
-    assert out is not None and len(out) == len(frame) and not host.closed  # the filler
+    assert out is not None and len(out) == len(frame) and not host.close_reasons  # the filler
     assert read_topics(frame, 19, 7).correlation_id == 7
     assert entry.answer is not None
     answer: Any = response_body(entry.answer, 19, 7)
@@ -68,33 +55,34 @@ def test_a_request_of_guarded_topics_only_is_answered_by_the_proxy() -> None:
 
 def test_what_cannot_be_rewritten_closes_the_connection() -> None:
     f, host, guard = _filter()
-    frame = create_topics([(GUARDED, 1), ("orders", 3)])
+    frame = create_topics_request([(GUARDED, 1), ("orders", 3)])
     assert f.request_frame(_entry(19, 7, frame), frame, False) is None  # not read whole
     old_fetch = request_frame(1, 3, 7, "c", b"\x00" * 20 + GUARDED.encode())[4:]
     assert f.request_frame(_entry(1, 3, old_fetch), old_fetch, True) is None  # no schema
-    assert [r for r, _ in host.closed] == ["guarded_topic", "guarded_topic"]
+    assert host.close_reasons == ["guarded_topic", "guarded_topic"]
     assert guard.closed == {"frame_too_large": 1, "version_not_decoded": 1}
 
 
 def test_frames_without_the_names_are_not_decoded() -> None:
     f, host, guard = _filter()
-    frame = create_topics([("orders", 3)])
+    frame = create_topics_request([("orders", 3)])
     entry = _entry(19, 7, frame)
     assert f.request_frame(entry, frame, True) is None
-    assert entry.refused is None and not host.closed and not guard.refused
+    assert entry.refused is None and not host.close_reasons and not guard.refused
 
 
 def test_the_mutation_quota_counts_what_goes_on() -> None:
     """The controller mutation filter after the guard sees the request without the guarded
     topic (the connection passes each filter the frame the ones before it left)."""
+    from config.schema import QuotasConfig
+    from proxy.controller_mutation import ControllerMutations
     from proxy.filters.controller_mutation import ControllerMutationFilter
-    from tests.unit.proxy.test_controller_mutation import Host as MutationHost
-    from tests.unit.proxy.test_controller_mutation import _mutations
 
     f, _, _ = _filter()
-    mutations = _mutations(rate=100.0)
-    m = ControllerMutationFilter(MutationHost(), mutations)  # type: ignore[arg-type]
-    frame = create_topics([(GUARDED, 1), ("orders", 3)])
+    mutations = ControllerMutations(QuotasConfig.model_validate({
+        "entities": [{"user": "alice", "controller_mutation_rate": 100.0}]}))
+    m = ControllerMutationFilter(FakeFilterHost("alice"), mutations)  # type: ignore[arg-type]
+    frame = create_topics_request([(GUARDED, 1), ("orders", 3)])
     entry = _entry(19, 7, frame)
     out = f.request_frame(entry, frame, True)
     assert out is not None
