@@ -29,7 +29,7 @@ import yaml
 
 from config.loading import load_config
 from demo.embedded_broker import free_port, free_port_range, wait_for_port
-from tests.e2e.test_image_context import DEPLOY, ROOT, build_context, carry_out_copies
+from testkit.install import DEPLOY, ROOT, build_context, carry_out_copies
 
 pytestmark = pytest.mark.e2e
 

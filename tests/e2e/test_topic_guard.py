@@ -344,7 +344,7 @@ def test_the_proxys_own_clients_still_use_their_topics(
     """The proxy's own overrides writer and reader connect to the brokers directly: an
     AlterClientQuotas answered by the proxy is written to the overrides topic and read
     back (described)."""
-    from tests.e2e.test_quota_admin import Admin
+    from testkit.quota_admin import Admin
 
     admin = Admin(guarded_proxy.bootstrap)
     try:

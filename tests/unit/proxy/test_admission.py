@@ -15,7 +15,7 @@ from proxy.accept import SecuredServer
 from proxy.admission import UNTRUSTED_SOURCE, ConnectionSlots, TrustedSources
 from proxy.metrics import ProxyStats
 from quota.connection_limits import ConnectionLimits
-from tests.unit.proxy.test_connection_rate import Conn, Transport, accept, guard
+from testkit.accept import Conn, Transport, accept, guard
 
 
 def test_trusted_sources_match_networks_and_mapped_addresses() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from protocol.addresses import BrokerAddresses
 from proxy.bootstrap import BootstrapRoutes
 from quota.enforcer import BOOTSTRAP_SCOPE
-from tests.unit.proxy.test_connection_rate import Conn, Transport, guard
+from testkit.accept import Conn, Transport, guard
 
 SERVERS = [("kafka-a.example", 9092), ("kafka-b.example", 9092)]
 
