@@ -1,12 +1,10 @@
 """The frames of Kafka's client quota admin APIs (KIP-546), which the proxy answers itself:
 DescribeClientQuotas (48) and AlterClientQuotas (49), v0 and v1 (flexible).
 
-A request the proxy answers still takes its place on the connection's upstream: its frame is
-replaced by a ``filler`` of the same size, an ApiVersions v3 request with the same correlation
-id, whose response the broker sends in order with the others; that response is then replaced
-by the proxy's answer. So answers keep Kafka's order of responses on a connection, and the
-frame never reaches the broker (which would enforce the quotas a second time, or not know the
-API at all).
+A request the proxy answers never reaches the broker (which would enforce the quotas a
+second time, or not know the API at all): the connection takes its frame out of what goes
+upstream and sends the answer in its place among the broker's responses
+(``protocol.response_stream``), in Kafka's order of responses on a connection.
 
 Frames are whole, without their size prefix, header included. Anything that does not decode
 raises ``MalformedFrame``.
@@ -15,7 +13,6 @@ raises ``MalformedFrame``.
 from __future__ import annotations
 
 import io
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,14 +23,12 @@ from kio.serial import entity_writer
 from protocol import apis
 from protocol.decoded import request_body
 from protocol.errors import MalformedFrame
-from protocol.headers import encode_response_header, parse_request_header
-from protocol.primitives import write_uvarint
+from protocol.headers import encode_response_header
 
 DESCRIBE_CLIENT_QUOTAS = 48
 ALTER_CLIENT_QUOTAS = 49
 API_VERSIONS = 18
 ANSWERED_VERSIONS = (0, 1)  # what the proxy advertises and answers
-FILLER_VERSION = 3  # ApiVersions v3: request header v2, a body of two compact strings
 
 Component = tuple[str, str | None]
 
@@ -132,32 +127,3 @@ def alter_response(version: int, correlation_id: int, throttle_ms: int,
                                        for t, n in entity))
             for entity, code, message in results))
     return _encode(ALTER_CLIENT_QUOTAS, version, correlation_id, value)
-
-
-def _uvarint_size(value: int) -> int:
-    return len(write_uvarint(value))
-
-
-def filler(frame: bytes | memoryview) -> bytes:
-    """An ApiVersions v3 request of exactly ``len(frame)`` bytes, with ``frame``'s correlation
-    id and client id: it holds a request's place upstream (see the module docstring). Its
-    client_software_name and _version are sized to fill (letters and digits, as Kafka's
-    ApiVersionsRequest.isValid wants, except at the smallest sizes, where they are empty and
-    the broker answers INVALID_REQUEST: the answer is discarded either way)."""
-    header = parse_request_header(frame, 0, len(frame))
-    client_id = header.client_id
-    cid = b"\xff\xff" if client_id is None else (
-        struct.pack(">h", len(client_id.encode())) + client_id.encode())
-    head = (struct.pack(">hhi", API_VERSIONS, FILLER_VERSION, header.correlation_id) + cid
-            + b"\x00")  # request header v2: no tagged fields
-    room = len(frame) - len(head) - 1  # the body's own tagged fields: one byte
-    for version_len in (1, 0, 2, 3):
-        for prefix in (1, 2, 3, 4):
-            name_len = room - (1 + version_len) - prefix
-            if name_len >= (1 if version_len else 0) and _uvarint_size(name_len + 1) == prefix:
-                body = (write_uvarint(name_len + 1) + b"k" * name_len
-                        + write_uvarint(version_len + 1) + b"0" * version_len + b"\x00")
-                out = head + body
-                assert len(out) == len(frame)
-                return out
-    raise MalformedFrame(f"a request of {len(frame)} bytes has no ApiVersions filler")

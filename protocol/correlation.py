@@ -28,6 +28,7 @@ class InFlight:
         "expects_response",
         "follower",
         "forwarded_at",
+        "local",
         "partitions",
         "proxy_ms",
         "quota_reservation",
@@ -78,9 +79,11 @@ class InFlight:
         # Produce when read, Fetch when measured: [(topic, partition, bytes of record batches)]
         self.partitions: Any = None
         # a request the proxy answers itself (``Interest.ANSWERED``): its response frame
-        # (without size prefix), which replaces the broker's response to the filler sent in
-        # its place
+        # (without size prefix); or, set on a response, the frame that replaces the broker's
         self.answer: bytes | None = None
+        # answered by the proxy and never forwarded: its answer goes to the client in its
+        # place among the broker's responses (``ResponseStream``)
+        self.local = False
         # what a filter took out of the request before forwarding it (the topic guard's
         # refused topics), for the rewriter's ``amend`` to put their results in the response
         self.refused: Any = None
@@ -93,10 +96,20 @@ class InFlight:
 
 
 class CorrelationTable:
-    __slots__ = ("_by_id",)
+    """The requests awaiting their responses, in the order they were read (the order their
+    responses go to the client). ``local``: how many of them the proxy answers itself."""
+
+    __slots__ = ("_by_id", "local")
 
     def __init__(self) -> None:
         self._by_id: dict[int, InFlight] = {}
+        self.local = 0
+
+    def first(self) -> InFlight | None:
+        """The request whose response goes to the client next."""
+        for entry in self._by_id.values():
+            return entry
+        return None
 
     def add(self, entry: InFlight) -> None:
         if entry.correlation_id in self._by_id:

@@ -3,8 +3,8 @@
 
 What the proxy does with them (``proxy.filters.controller_mutation``): read the topics a
 request mutates; forward the request without the topics its quota refuses (``without``, a
-frame of another size) or, when it refuses them all, not at all (the frame is replaced by an
-ApiVersions ``filler`` of the same size and ``refused_response`` answers); add the refused
+frame of another size) or, when it refuses them all, not at all (``refused_response``
+answers); add the refused
 topics' results (THROTTLING_QUOTA_EXCEEDED) to the broker's response (``with_refused``).
 
 Frames are whole, without their size prefix, header included. Anything that does not decode

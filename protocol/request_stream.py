@@ -123,6 +123,11 @@ class RequestStream:
         self._gated = True
 
     @property
+    def table(self) -> CorrelationTable:
+        """The correlation table the requests are entered in."""
+        return self._table
+
+    @property
     def buffered(self) -> int:
         return len(self._pending)
 

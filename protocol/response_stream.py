@@ -70,6 +70,7 @@ class ResponseStream:
 
     __slots__ = (
         "_announce",
+        "_answer",
         "_collect",
         "_collect_entry",
         "_collect_need",
@@ -96,6 +97,7 @@ class ResponseStream:
         "_tail_rewriter",
         "_walker",
         "_whole",
+        "answers_held",
     )
 
     def __init__(
@@ -106,8 +108,14 @@ class ResponseStream:
         tail_rewriter: TailRewriter = _same_tail,
         interests: InterestTable = ADDRESSES,
         announce: bool = False,
+        answer: Callable[[InFlight], bytes] | None = None,
     ) -> None:
         self._table = table
+        # The frame (without size prefix) of a request the proxy answers itself (``local``)
+        self._answer = answer
+        # While true, an answer of the proxy's next in order waits, and the broker's responses
+        # behind it with it (an answer still being made)
+        self.answers_held = False
         self._rewriter = rewriter
         self._tail_rewriter = tail_rewriter
         # (api_key, api_version) -> how its responses go (absent: passed through)
@@ -234,14 +242,36 @@ class ResponseStream:
         if started is not None:
             self._started = None
             whole, self._whole = self._whole, False
-            if not self._dispatch(started, whole):
+            if started.local:
+                self._answer_locally(started)
+            elif not self._dispatch(started, whole):
                 return self._forward()
         data = self._data
         n = len(data)
         pos = self._pos
         table = self._table
         max_frame = self._max
-        while pos < n:
+        while True:
+            if table.local and self._between_responses():
+                # The proxy's own answers next in order go before the broker's next response
+                head = table.first()
+                if head is not None and head.local:
+                    if self.answers_held:  # it waits, and what the broker sent after it
+                        if pos < n:
+                            self._pending = data[pos:]
+                        self._pos = n
+                        return self._forward(pos)
+                    table.pop(head.correlation_id)
+                    table.local -= 1
+                    self._pos = pos
+                    if self._announce:
+                        head.response_size = len(head.answer or b"") + 4
+                        self._started = head
+                        return _new_tuple(ResponseStarted, (head,))
+                    self._answer_locally(head)
+                    continue
+            if pos >= n:
+                break
             if n - pos < 8:
                 if n - pos >= 4:  # the size alone can already be wrong
                     check_size(INT32.unpack_from(data, pos)[0], max_frame)
@@ -263,6 +293,24 @@ class ResponseStream:
                 break
             pos = self._pos
         return self._forward()
+
+    def _between_responses(self) -> bool:
+        """No response of the broker's is under way (one could go before the next)."""
+        return (self._current is None and self._collect_entry is None
+                and not self._remaining)
+
+    def _answer_locally(self, entry: InFlight) -> None:
+        """The proxy's answer to ``entry`` goes here, after the pass-through run before it."""
+        assert self._answer is not None, "a local answer with no ``answer`` to make it"
+        pos = self._pos
+        out = self._out
+        if pos > self._run_start:
+            out.append(self._mv[self._run_start : pos])
+        frame = self._answer(entry)
+        entry.response_size = len(frame) + 4
+        out.append(INT32.pack(len(frame)) + frame)
+        self._done.append(entry)
+        self._run_start = pos
 
     def _forward(self, upto: int | None = None) -> Forward:
         """The ``Forward`` that ends the received data: the pass-through run up to ``upto``

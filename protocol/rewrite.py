@@ -374,7 +374,7 @@ class ResponseRewriter:
 
     def __call__(self, entry: InFlight, frame: bytes | memoryview) -> bytes | None:
         answer = entry.answer
-        if answer is not None:  # answered by the proxy: the broker's answer to the filler goes
+        if answer is not None:  # the proxy's answer (a local one, or one replacing the broker's)
             if entry.throttle_ms > 0:
                 answer = set_throttle_time(entry, answer) or answer
             entry.response_size = len(answer) + 4  # what the client gets

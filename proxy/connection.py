@@ -107,6 +107,7 @@ class ProxiedConnection(asyncio.Protocol):
             ctx.rewriter.rewrite_tail,
             interests,
             announce=bool(self.chain.response),
+            answer=self._local_answer,
         )
         self.transport: asyncio.Transport | None = None
         self.upstream: UpstreamSide | None = None
@@ -381,13 +382,22 @@ class ProxiedConnection(asyncio.Protocol):
 
     def hold_responses(self, reason: str) -> None:
         self._response_holds.add(reason)
+        self.responses.answers_held = True
         if self.upstream is not None:
             self.upstream.gate.pause(reason)
 
     def release_responses(self, reason: str) -> None:
         self._response_holds.discard(reason)
+        self.responses.answers_held = bool(self._response_holds)
         if self.upstream is not None:
             self.upstream.gate.resume(reason)
+        if not self._response_holds and self.table.local and not self.closed:
+            self._responses(b"")  # the answers that waited, and what came after them
+
+    def _local_answer(self, entry: InFlight) -> bytes:
+        """The frame of an answer the proxy made (``ResponseStream``'s ``answer``), with the
+        throttle time the filters proposed."""
+        return self.ctx.rewriter(entry, b"") or entry.answer or b""
 
     def resume_interception(self) -> None:
         if self._interceptor is not None:
@@ -452,6 +462,8 @@ class ProxiedConnection(asyncio.Protocol):
                 self.client_gate.enforce()  # told there; no more until connected
             else:
                 upstream.transport.write(forward)  # type: ignore[union-attr]
+        if self.table.local and not self.closed:
+            self._responses(b"")  # the proxy's answers, if next in order
 
     def retire(self, f: Filter, hooks: tuple[str, ...]) -> None:
         self.chain.retire(f, hooks)
@@ -585,6 +597,11 @@ class ProxiedConnection(asyncio.Protocol):
 
     def upstream_data(self, data: bytes) -> None:
         self.last_active = _clock()
+        self._responses(data)
+
+    def _responses(self, data: bytes) -> None:
+        """The broker's bytes (or none: the proxy's own answers next in order) on their way
+        to the client."""
         responses = self.responses
         try:
             responses.receive_data(data)
@@ -708,7 +725,10 @@ def patch_captured(requests: RequestStream, forward: Buffer | bytearray, events:
     there (``patchable``: else it goes as the client sent it). A replacement of another size
     (a request forwarded without some of its topics) gets its own size prefix. A frame
     ``visit`` refused (``refused(entry)``) is cut out with everything after it (None when its
-    whole frame is not there to cut at: part of it may have gone upstream already)."""
+    whole frame is not there to cut at: part of it may have gone upstream already). A frame
+    ``visit`` answered (``entry.answer`` set) is taken out, its entry marked ``local``: its
+    answer goes to the client in order among the broker's responses (``ResponseStream``)."""
+    table = requests.table
     starts: dict[int, int] = {}
     if not (requests.mid_frame and not requests.buffered):
         # ``forward`` ends with the last frame read: the frames read now end to end
@@ -727,7 +747,12 @@ def patch_captured(requests: RequestStream, forward: Buffer | bytearray, events:
                 return None
             forward = forward[: at - 4]  # (the frames after it are not visited)
             break
-        if patched is not None:
+        if entry.answer is not None and whole and not entry.local:
+            # answered by the proxy: the frame goes nowhere, its answer comes in its place
+            entry.local = True
+            table.local += 1
+            patches.append((at, len(frame), b""))
+        elif patched is not None:
             patches.append((at, len(frame), patched))
     if not patches:
         return forward
@@ -735,6 +760,8 @@ def patch_captured(requests: RequestStream, forward: Buffer | bytearray, events:
     for at, length, patched in sorted(patches, reverse=True):  # the last first: offsets hold
         if len(patched) == length:
             out[at : at + length] = patched
+        elif not patched:  # taken out, size prefix and all
+            del out[at - 4 : at + length]
         else:
             out[at - 4 : at + length] = len(patched).to_bytes(4, "big") + patched
     return out

@@ -8,7 +8,7 @@ it adds (both as last seen in a Metadata response or a mutation's result; unknow
 Strict versions (CreateTopics v6+, DeleteTopics v5+, CreatePartitions v3+): a topic met with
 the budget below zero is refused, never forwarded, and answered THROTTLING_QUOTA_EXCEEDED
 (89) among the broker's results; a request whose topics are all refused is answered by the
-proxy (its frame replaced upstream by a filler of the same size, as the quota admin APIs).
+proxy (never forwarded, as the quota admin APIs).
 Older versions go through whole and are only throttled. The response carries the throttle
 time (the larger of this quota's and the others') and the client is held back for it, as for
 any quota. When the response comes, what a topic really cost is settled: the topics the
@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from protocol.client_quota_frames import filler
 from protocol.correlation import InFlight
 from protocol.errors import MalformedFrame
 from protocol.interests import Interest
@@ -132,14 +131,11 @@ class ControllerMutationFilter(Filter):
         log.info("mutation_throttled", api=label, principal=self.host.client.user,
                  client_id=entry.client_id, refused=len(pending.refused),
                  forwarded=len(pending.forwarded), throttle_ms=throttle)
-        if not pending.forwarded:
-            try:
-                replacement = filler(frame)
-            except MalformedFrame:  # too small to hold a filler: sent with no topics instead
-                return without(frame, request, [])
+        if not pending.forwarded:  # answered: never forwarded, nothing to settle
+            del self._pending[id(entry)]
             entry.answer = refused_response(key, request.version, entry.correlation_id,
                                             pending.refused)
-            return replacement
+            return None
         return without(frame, request, pending.forwarded)
 
     def _cost(self, api_key: int, topic: TopicMutation) -> float:
@@ -168,8 +164,6 @@ class ControllerMutationFilter(Filter):
         learning = self._learning.pop(key, None)
         request = pending.request if pending is not None else learning
         if request is None:
-            return
-        if entry.answer is not None:  # all refused: the broker answered the filler
             return
         try:
             results = decode_results(frame, entry.api_key, entry.api_version)

@@ -1,12 +1,11 @@
 """DescribeClientQuotas (48) and AlterClientQuotas (49) answered by the proxy (KIP-546), never
-forwarded: each request's frame is replaced upstream by an ApiVersions filler of the same
-size (``protocol.client_quota_frames``) and the filler's response by the answer, so answers
-keep their place among the connection's responses.
+forwarded: the connection takes each request's frame out of what goes upstream and sends the
+answer in its place among the broker's responses (``protocol.response_stream``).
 
 Describe answers from the merged view (YAML entities and altered overrides) with Kafka's
 filter rules; Alter validates as Kafka's controller does, writes the accepted changes to the
 overrides topic and answers once the cluster has them: until then the connection's responses
-wait (the broker's are not read). Only ``quotas.admin_principals`` may alter (others get
+wait (the answer, and the broker's after it). Only ``quotas.admin_principals`` may alter (others get
 CLUSTER_AUTHORIZATION_FAILED per entry, as Kafka answers); ``describe_principals`` may also
 describe (others get it as the top-level error).
 """
@@ -25,7 +24,6 @@ from protocol.client_quota_frames import (
     decode_alter,
     decode_describe,
     describe_response,
-    filler,
 )
 from protocol.correlation import InFlight
 from protocol.errors import MalformedFrame
@@ -70,16 +68,14 @@ class QuotaAdminFilter(Filter):
             self.host.close("answered_request_split", detail=apis.api_name(entry.api_key),
                             side="client")
             return None
-        try:
-            replacement = filler(frame)
+        try:  # (answered: the connection takes the frame out, the answer goes in its place)
             if entry.api_key == DESCRIBE_CLIENT_QUOTAS:
                 entry.answer = self._describe(entry, frame)
             else:
                 entry.answer = self._alter(entry, frame)
         except MalformedFrame as exc:  # closed: nothing of this read goes upstream
             self.host.close("malformed_frame", detail=str(exc), side="client")
-            return None
-        return replacement
+        return None
 
     # ------------------------------------------------------------------ describe
     def _describe(self, entry: InFlight, frame: bytes) -> bytes:

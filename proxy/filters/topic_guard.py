@@ -7,9 +7,9 @@
   from kio's schemas): the frame is read whole (up to 1 MiB) and searched for the guarded
   names and ids; only a frame that holds one is decoded. The request goes on without the
   guarded topics and their error results are merged into the broker's response, or, when
-  nothing else is left, the proxy answers it (an ApiVersions filler keeps its place
-  upstream). A frame it cannot rewrite (larger than it reads whole, a version kio does not
-  decode) closes the connection before its last byte goes upstream.
+  nothing else is left, the proxy answers it (nothing goes upstream). A frame it cannot
+  rewrite (larger than it reads whole, a version kio does not decode) is refused: the
+  connection closes once what came before it is answered.
 - Fetch with a replica id (``replica_id`` >= 0, or the ReplicaState tag from v15): a client
   posing as a follower. Answered by the proxy as Kafka answers a follower without
   CLUSTER_ACTION: TOPIC_AUTHORIZATION_FAILED on every partition it asked for, never
@@ -21,7 +21,6 @@ from __future__ import annotations
 import struct
 
 from protocol import apis
-from protocol.client_quota_frames import filler
 from protocol.correlation import InFlight
 from protocol.errors import MalformedFrame
 from protocol.fetch import parse_fetch_request
@@ -128,14 +127,12 @@ class TopicGuardFilter(Filter):
             only = version == 0 and metadata_request_topics(value, version) is None
             entry.refused = Metadata(refused, only)
             return bytes(frame[: request.header_size]) + encode(value)
-        if answer_whole(request, refused):
+        if answer_whole(request, refused):  # answered: never forwarded
             try:
-                replacement = filler(frame)
                 entry.answer = refused_response(request, refused)
             except MalformedFrame:
                 self._close(entry, "no_answer")
-                return None
-            return replacement
+            return None
         if not isinstance(handling, LeftOut):
             entry.refused = Results(refused)
         return without(frame, request, refused)
@@ -169,12 +166,10 @@ class TopicGuardFilter(Filter):
         try:
             request = read_topics(frame, _FETCH, entry.api_version)
             asked = [r for r in request.refs if r.array.steps[0][0] == "topics"]
-            replacement = filler(frame)
             entry.answer = refused_response(request, asked)
         except MalformedFrame:
             self._close(entry, "replica_fetch_unread")
-            return None
-        return replacement
+        return None
 
     def _close(self, entry: InFlight, reason: str, at_once: bool = False) -> None:
         """Refuse the request: the connection answers what came before it, then closes."""

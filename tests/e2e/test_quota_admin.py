@@ -268,3 +268,33 @@ def test_answers_keep_their_place_among_pipelined_responses(admin_proxy: ProxyPr
         assert wire.is_closed_by_peer()
     wait_for(lambda: any(e.get("reason") == "malformed_frame" for e in
                          admin_proxy.closed_connections()), 10, what="the reason logged")
+
+
+def test_the_proxys_answers_need_no_broker(tansu: TansuBroker,
+                                           admin_proxy: ProxyProcess) -> None:
+    """DescribeClientQuotas and AlterClientQuotas (validate_only) never go upstream: with the
+    broker stopped (SIGSTOP: its sockets stay open and nothing is answered) both are answered
+    all the same, and the response bytes counted are the answers' own."""
+    import os
+    import signal
+
+    from protocol.headers import parse_response_header
+    from testkit.e2e import KafkaWire
+
+    counted = 'kafka_proxy_response_bytes_total{api="describe_client_quotas"}'
+    with KafkaWire("127.0.0.1", admin_proxy.broker_port(111), timeout=10) as wire:
+        wire.request(3, 12, topics=None, allow_auto_topic_creation=False,
+                     include_topic_authorized_operations=False)  # the broker connection made
+        before = admin_proxy.metrics().get(counted, 0)
+        assert tansu.process is not None
+        os.kill(tansu.process.pid, signal.SIGSTOP)
+        try:
+            wire.send_raw(wire.encode(48, 1, components=(), strict=False))
+            size = int.from_bytes(wire.recv_exactly(4), "big")
+            answer = wire.recv_exactly(size)
+            assert parse_response_header(answer, 0, size, 1).correlation_id == 2
+            validated = wire.request(49, 1, entries=(), validate_only=True)
+            assert validated.entries == ()
+        finally:
+            os.kill(tansu.process.pid, signal.SIGCONT)
+    assert admin_proxy.metrics().get(counted, 0) - before == size + 4

@@ -1,6 +1,5 @@
 """The client quota admin frames the proxy answers (KIP-546): requests decoded, responses
-encoded as Kafka's schemas read them, and the ApiVersions filler that holds a request's place
-upstream."""
+encoded as Kafka's schemas read them."""
 
 from __future__ import annotations
 
@@ -8,25 +7,21 @@ import io
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
 from protocol import apis
 from protocol.client_quota_frames import (
     ALTER_CLIENT_QUOTAS,
-    API_VERSIONS,
     DESCRIBE_CLIENT_QUOTAS,
     AlterOp,
     alter_response,
     decode_alter,
     decode_describe,
     describe_response,
-    filler,
 )
 from protocol.errors import MalformedFrame
-from protocol.headers import encode_request_header, parse_request_header, parse_response_header
+from protocol.headers import encode_request_header, parse_response_header
 
 
 def _request(api_key: int, version: int, correlation_id: int, client_id: str | None,
@@ -111,40 +106,6 @@ def test_alter_response_as_kafka_reads_it(version: int) -> None:
     assert [(e.error_code, e.error_message, [(c.entity_type, c.entity_name) for c in e.entity])
             for e in value.entries] == [(0, None, [("user", "bob")]),
                                         (42, "Quota x", [("client-id", None)])]
-
-
-def _filler_checks(frame: bytes) -> None:
-    out = filler(frame)
-    assert len(out) == len(frame)
-    header = parse_request_header(out, 0, len(out))
-    original = parse_request_header(frame, 0, len(frame))
-    assert (header.api_key, header.api_version) == (API_VERSIONS, 3)
-    assert header.correlation_id == original.correlation_id
-    assert header.client_id == original.client_id
-    value, end = entity_reader(load_request_schema(API_VERSIONS, 3))(
-        memoryview(out)[header.size:], 0)
-    assert header.size + end == len(out)  # nothing left over: the broker reads it whole
-    assert set(value.client_software_name) <= {"k"}
-
-
-@pytest.mark.parametrize("version", [0, 1])
-@pytest.mark.parametrize("client_id", [None, "", "admin-client"])
-def test_filler_of_the_smallest_requests(version: int, client_id: str | None) -> None:
-    for api_key in (DESCRIBE_CLIENT_QUOTAS, ALTER_CLIENT_QUOTAS):
-        cls = load_request_schema(api_key, version)
-        value = (cls(components=(), strict=False) if api_key == DESCRIBE_CLIENT_QUOTAS
-                 else cls(entries=(), validate_only=False))
-        _filler_checks(_request(api_key, version, 1, client_id, value))
-
-
-@given(size=st.integers(min_value=0, max_value=40_000),
-       client_id=st.one_of(st.none(), st.text(max_size=30)),
-       correlation_id=st.integers(min_value=-(2**31), max_value=2**31 - 1))
-def test_filler_fills_any_size(size: int, client_id: str | None, correlation_id: int) -> None:
-    # every size from the smallest request up, across the compact strings' length prefixes
-    # growing from one byte to two and three (127/128, 16383/16384)
-    header = encode_request_header(DESCRIBE_CLIENT_QUOTAS, 1, correlation_id, client_id)
-    _filler_checks(header + b"\x01\x00\x00" + b"\x00" * size)
 
 
 @pytest.mark.parametrize("api_key", [DESCRIBE_CLIENT_QUOTAS, ALTER_CLIENT_QUOTAS])

@@ -78,9 +78,7 @@ def _run(f: QuotaAdminFilter, frame: bytes) -> InFlight:
     header = parse_request_header(frame, 0, len(frame))
     entry = InFlight(header.api_key, header.api_version, header.correlation_id,
                      header.client_id, len(frame) + 4, True)
-    filler = f.request_frame(entry, frame, True)
-    assert filler is not None and len(filler) == len(frame)  # what goes upstream instead
-    assert parse_request_header(filler, 0, len(filler)).api_key == 18  # ApiVersions
+    assert f.request_frame(entry, frame, True) is None  # never replaced: answered
     return entry
 
 
@@ -238,20 +236,21 @@ def test_a_frame_that_does_not_decode_closes_the_connection() -> None:
     assert host.close_reasons == ["malformed_frame"] and entry.answer is None
 
 
-def test_the_filler_replaces_the_frame_even_with_a_frame_under_way_after_it() -> None:
+def test_an_answered_frame_goes_nowhere_even_with_a_frame_under_way_after_it() -> None:
+    """The connection takes an answered frame out of what goes upstream (size prefix and
+    all), marks its entry local, and the frame under way after it goes on cut-through."""
     describe = _describe([])
     produce = request_frame(0, 9, 12, "p", b"\x00" * 500)
-    stream = RequestStream(CorrelationTable(), capture=lambda e: e.api_key == 48,
+    table = CorrelationTable()
+    stream = RequestStream(table, capture=lambda e: e.api_key == 48,
                            whole=lambda key, version: key == 48)
     forward, events = stream.feed(len(describe).to_bytes(4, "big") + describe + produce[:40])
     assert stream.mid_frame  # the Produce frame goes on cut-through
     admin, _ = _admin()
     f = QuotaAdminFilter(FakeFilterHost("admin"), admin)
     out = patch_captured(stream, forward, events, stream.captured, f.request_frame)
-    assert len(out) == len(forward)
-    assert parse_request_header(bytes(out[4:]), 0, len(describe)).api_key == 18
-    assert bytes(out[4 + len(describe):]) == produce[:40]
-    assert events[0].answer is not None
+    assert out is not None and bytes(out) == produce[:40]
+    assert events[0].answer is not None and events[0].local and table.local == 1
 
 
 def test_overrides_follow_the_topic() -> None:
