@@ -167,12 +167,6 @@ class FilterChain:
         self.filters = tuple(filters)
         self._resolve(filters)
 
-    def refuse(self, entry: InFlight, reason: str, detail: str) -> None:
-        """A request (whose whole frame a ``request_frame`` hook was given) that must not go
-        upstream and that the proxy cannot answer: it and whatever was read after it are
-        dropped, the requests before it answered, then the connection closes, logged with
-        ``reason`` (at once where the frame cannot be cut out)."""
-
     def retire(self, f: Filter, hooks: tuple[str, ...]) -> None:
         """Stop calling ``f``'s ``hooks`` (a filter whose work on the per-request path is done:
         identities once the client has authenticated)."""
