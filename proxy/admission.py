@@ -21,7 +21,7 @@ from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 
-from proxy.logs import get_logger
+from proxy.logs import RateLimitedLog, get_logger
 from proxy.metrics import ProxyStats
 from quota.connection_limits import ConnectionLimits, Slot
 from quota.connection_rate import address_of
@@ -62,26 +62,6 @@ class _RefusalLog:
                         refused=self.since)
         self.logged_at = time.monotonic()
         self.since = 0
-
-
-class _WarnOncePerSecond:
-    """One warning a second at most; the ones left out are counted in the next
-    (``more_since_last_logged``)."""
-
-    def __init__(self, event: str) -> None:
-        self.event = event
-        self.logged_at = float("-inf")
-        self.left_out = 0
-
-    def __call__(self, **fields: Any) -> None:
-        now = time.monotonic()
-        if now - self.logged_at < 1.0:
-            self.left_out += 1
-            return
-        log.warning(self.event, **fields,
-                    **({"more_since_last_logged": self.left_out} if self.left_out else {}))
-        self.logged_at = now
-        self.left_out = 0
 
 
 class ConnectionSlots:
@@ -161,7 +141,7 @@ class TrustedSources:
     def __init__(self, networks: Sequence[str]) -> None:
         self.networks: tuple[Network, ...] = tuple(
             ipaddress.ip_network(n, strict=False) for n in networks)
-        self._log = _WarnOncePerSecond("connection_closed")
+        self._log = RateLimitedLog(log, "connection_closed")
 
     def trusts(self, ip: str | None) -> bool:
         address = address_of(ip)

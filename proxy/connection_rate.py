@@ -35,7 +35,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from config.schema import ListenerKindConfig, ListenersConfig, QuotasConfig
 from proxy.clock import now_ms
-from proxy.logs import get_logger
+from proxy.logs import RateLimitedLog, get_logger
 from proxy.metrics import ProxyStats
 from quota.connection_rate import (
     ConnectionRates,
@@ -74,27 +74,6 @@ class _Queue:
         default_factory=deque)
 
 
-class _RateLimitedLog:
-    """One warning a second at most; the ones left out are counted in the next."""
-
-    def __init__(self, event: str, level: str) -> None:
-        self.event = event
-        self.level = level
-        self.logged_at = -LOG_EVERY_S
-        self.left_out = 0
-
-    def __call__(self, **fields: Any) -> None:
-        now = time.monotonic()
-        if now - self.logged_at < LOG_EVERY_S:
-            self.left_out += 1
-            return
-        getattr(log, self.level)(self.event, **fields,
-                                 **({"more_since_last_logged": self.left_out}
-                                    if self.left_out else {}))
-        self.logged_at = now
-        self.left_out = 0
-
-
 class ConnectionRateGuard:
     """The rates of one proxy process, applied to the connections of every listener.
 
@@ -114,8 +93,8 @@ class ConnectionRateGuard:
         self._queues: dict[str, _Queue] = {}
         self._held: dict[int, tuple[asyncio.TimerHandle, Callable[[], None]]] = {}
         self._held_ids = 0
-        self._log_throttled = _RateLimitedLog("connection_throttled", "warning")
-        self._log_delayed = _RateLimitedLog("connection_delayed", "info")
+        self._log_throttled = RateLimitedLog(log, "connection_throttled", "warning", LOG_EVERY_S)
+        self._log_delayed = RateLimitedLog(log, "connection_delayed", "info", LOG_EVERY_S)
 
     # ------------------------------------------------------------------ configuration
     def configure(self, quotas: QuotasConfig,

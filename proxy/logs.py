@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from typing import Any
 
 import structlog
@@ -67,3 +68,26 @@ def route_client_logs() -> None:
     client.handlers[:] = [_ClientLogs()]
     client.setLevel(logging.WARNING)
     client.propagate = False
+
+
+class RateLimitedLog:
+    """One line every ``every_s`` seconds at most, of ``event`` at ``level`` on ``logger``;
+    the lines left out are counted in the next (``more_since_last_logged``)."""
+
+    def __init__(self, logger: Any, event: str, level: str = "warning",
+                 every_s: float = 1.0) -> None:
+        self._write = getattr(logger, level)
+        self.event = event
+        self.every_s = every_s
+        self.logged_at = float("-inf")
+        self.left_out = 0
+
+    def __call__(self, **fields: Any) -> None:
+        now = time.monotonic()
+        if now - self.logged_at < self.every_s:
+            self.left_out += 1
+            return
+        self._write(self.event, **fields,
+                    **({"more_since_last_logged": self.left_out} if self.left_out else {}))
+        self.logged_at = now
+        self.left_out = 0
