@@ -242,6 +242,22 @@ def _correlation(start: int, i: int) -> int:
     return (start + i + 2**31) % 2**32 - 2**31
 
 
+# The share of Fetch bodies made a consumer's (replica id -1, no ReplicaState): a random
+# replica id makes a follower fetch, which the proxy answers itself (or, damaged, refuses,
+# reading nothing more of the connection): the rest stay followers, as a hostile client's
+CONSUMER_FETCHES = 0.9
+
+
+def _as_consumer(value: Any) -> Any:
+    changes: dict[str, Any] = {}
+    names = {f.name for f in dataclasses.fields(value)}
+    if "replica_id" in names:
+        changes["replica_id"] = -1
+    if "replica_state" in names:
+        changes["replica_state"] = dataclasses.replace(value.replica_state, replica_id=-1)
+    return dataclasses.replace(value, **changes) if changes else value
+
+
 class RequestMaker:
     """Valid requests of every (API key, version) offered, from a pool of random bodies per
     pair (refreshed as frames are drawn), each with a fresh header."""
@@ -280,6 +296,8 @@ class RequestMaker:
         for _ in range(20):
             try:
                 value = self.filler.entity(cls)
+                if pair[0] == apis.ApiKey.FETCH and self.rng.random() < CONSUMER_FETCHES:
+                    value = _as_consumer(value)
                 buf = io.BytesIO()
                 entity_writer(cls)(buf, value)
                 return buf.getvalue()
@@ -865,8 +883,10 @@ class Fuzzer:
         """Sort key: frames that may end the connection last (the more likely, the later)."""
         if frame.effect == FRAMING:
             return 2.0
-        if frame.effect == BODY and frame.api_key == apis.ApiKey.FETCH:
-            return 1.5  # a damaged follower fetch is refused: nothing after it is read
+        if frame.effect == BODY and frame.api_key in (apis.ApiKey.FETCH, apis.ApiKey.PRODUCE):
+            # a damaged follower fetch is refused (nothing after it is read), a Produce the
+            # topic guard cannot follow closes the connection at once
+            return 1.5
         key = (frame.api_key, frame.version, frame.effect)
         return (self.ended[key] + 0.5) / (self.ended[key] + self.answered[key] + 1)
 
