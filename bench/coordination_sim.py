@@ -1,9 +1,10 @@
-"""Budgets shared across processes (issue 16): a deterministic simulation of the designs of
-``quota/shared.py`` on the real quota engine, to choose one (``docs/scale-out.md``).
+"""Budgets shared across processes (issue 16): a deterministic simulation of the designs on
+the real quota engine, to choose one (``docs/scale-out.md``): A, the one chosen, is
+``quota/shared.py``'s; B, not part of the product, is ``testkit/shared_quotas.py``'s.
 
 K proxy processes (workers of one host, or instances: the same here, as both exchange their
 reports through the cluster), each with its own ``QuotaManager`` (``SharedQuotaManager``,
-with the ``BudgetHook`` of ``quota.shared``). Every ``report_ms`` each process encodes its
+with the design's ``BudgetHook``). Every ``report_ms`` each process encodes its
 ``UsageReport``; every process, itself included, decodes it ``delay_ms`` later. Clients are
 greedy producers: each connection sends one request at a time, its response comes
 ``RTT_MS`` later (recorded then, as the proxy records produce), and it sends the next once the
@@ -57,16 +58,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from quota.entities import EntityKey, QuotaType
 from quota.manager import QuotaSettings
-from quota.shared import (
-    Design,
-    RemoteUsage,
-    SharedBudgets,
-    SharedQuotaManager,
-    UsageReport,
-    live_samples,
-    usage_report,
-)
+from quota.shared import RemoteUsage, SharedBudgets, UsageReport, live_samples, usage_report
 from testkit.rates import Cycles
+from testkit.shared_quotas import DemandReports, DemandShareBudgets, SharedQuotaManager
 
 QUOTA = 1_000_000.0  # bytes/s
 REQUEST_BYTES = 16_384
@@ -114,9 +108,9 @@ class Scenario:
 class Variant:
     name: str
     coordinate: bool = True
-    design: Design = Design.GLOBAL_SUM
+    demand_share: bool = False  # design B (else A)
     compensate_lag: bool = False
-    shares_from_reports: bool = False
+    shares_from_reports: bool = False  # B+
     active_ms: int | None = None  # A+: how recent a peer's last record must be to count
     scale_by_usage: bool = False  # A+s: a peer's unseen usage scaled by its usage over ours
 
@@ -126,8 +120,8 @@ VARIANTS = {
     "A": Variant("A"),
     "A+": Variant("A+", compensate_lag=True),
     "A+s": Variant("A+s", compensate_lag=True, scale_by_usage=True),
-    "B": Variant("B", design=Design.DEMAND_SHARE),
-    "B+": Variant("B+", design=Design.DEMAND_SHARE, shares_from_reports=True),
+    "B": Variant("B", demand_share=True),
+    "B+": Variant("B+", demand_share=True, shares_from_reports=True),
     # A+ as first built: a peer counts as active when it recorded within one sample window
     # before its report (under pipelining and long throttles that misses peers: p4)
     "A+1s": Variant("A+1s", compensate_lag=True, active_ms=WINDOW_MS),
@@ -199,19 +193,25 @@ def simulate(sc: Scenario, variant: Variant, report_ms: int, delay_ms: int,
                              entities={sc.entity: {QuotaType.PRODUCE: QUOTA}})
     k = sc.processes
     names = [f"p{i}" for i in range(k)]
-    remotes = [RemoteUsage(n, SAMPLES, WINDOW_MS, STALENESS_MS, initial_processes=k)
-               for n in names]
-    shared = [SharedBudgets(r, variant.design, compensate_lag=variant.compensate_lag,
-                            active_ms=variant.active_ms,
-                            shares_from_reports=variant.shares_from_reports,
-                            coordinate=variant.coordinate,
-                            scale_by_usage=variant.scale_by_usage) for r in remotes]
+
+    def budgets(name: str) -> SharedBudgets:
+        if variant.demand_share:
+            return DemandShareBudgets(
+                DemandReports(name, SAMPLES, WINDOW_MS, STALENESS_MS, initial_processes=k),
+                shares_from_reports=variant.shares_from_reports, coordinate=variant.coordinate)
+        return SharedBudgets(
+            RemoteUsage(name, SAMPLES, WINDOW_MS, STALENESS_MS, initial_processes=k),
+            compensate_lag=variant.compensate_lag, active_ms=variant.active_ms,
+            coordinate=variant.coordinate, scale_by_usage=variant.scale_by_usage)
+
+    shared = [budgets(n) for n in names]
+    remotes = [s.remote for s in shared]
     managers = [SharedQuotaManager(settings, *s.hooks(BROKER)) for s in shared]
     for r in remotes:
         r.set_reading(sc.reading, 0)
     end_ms = int(duration_s * 1000)
     move_ms = int(move_s * 1000) if move_s is not None and sc.move else end_ms
-    held_check = variant.design is Design.GLOBAL_SUM or not variant.coordinate
+    held_check = not variant.demand_share or not variant.coordinate
     window_bytes = QUOTA * SAMPLES * WINDOW_MS / 1000.0
     events: list[tuple[float, float]] = []
     unheld_ms = 0
@@ -332,7 +332,7 @@ def after_move(sc: Scenario, v: Variant, report_ms: int, delay_ms: int, moves: i
                  - most_in_a_window(still, m, m + SPAN_S, window))
         worst = max(worst, extra / QUOTA)
         unheld = max(unheld, run.unheld_ms)
-    counted = sc.processes > 1 and (v.design is Design.GLOBAL_SUM or not v.coordinate)
+    counted = sc.processes > 1 and (not v.demand_share or not v.coordinate)
     return worst, unheld / report_ms if counted else None
 
 

@@ -7,26 +7,23 @@ tag), the samples of its ``SampledRate`` that a quota check still counts, as ``(
 event, value)`` with times in ms *before* the report was made (no clock is shared). Every
 process reads every report into a ``RemoteUsage`` (itself included: a process whose own
 reports stop coming back is not counted by the others either), which drops a process whose
-last report is ``staleness_ms`` old. ``docs/scale-out.md`` compares two designs with
-``bench/coordination_sim.py``:
+last report is ``staleness_ms`` old.
 
-- ``Design.GLOBAL_SUM`` (A): Kafka's maths on the union of the samples, the process's own
-  (exact) and the others' (as last reported): ``O = (own + others) / W``, ``W`` measured from
-  the oldest start in the union and padded as Kafka pads it; the bound is the quota. With
-  ``compensate_lag`` (the default), each other process that recorded into the budget within
-  ``active_ms`` (default: the whole quota window) before its last report is taken to have
-  used, since that report, what this process used in the same time, and (for the pipelining
-  check) to have as much in flight: without it, processes that see the budget free at the
-  same moment (when a burst leaves the window) each take the whole of it before they hear of
-  the others. (With one sample window as the horizon, a peer whose client sat out a long
-  throttle before its report was missed: pipelined 64 KB producers on 4 processes got 1.127
-  of the quota in ``bench/coordination_sim.py``, 0.999 with the whole window.)
-- ``Design.DEMAND_SHARE`` (B): Kafka's maths on the process's own samples, against
-  ``quota * share``, ``share = max(floor, d_own / sum d)`` normalised so that the shares of
-  the processes with demand add up to 1; a demand is what a process recorded into the budget
-  within the window. ``shares_from_reports`` (the default) takes the process's own demand
-  from its own last report, as the others see it, so that every process computes the same
-  shares; otherwise its own is exact.
+The design (A, global sum; chosen in ``docs/scale-out.md``): Kafka's maths on the union of
+the samples, the process's own (exact) and the others' (as last reported):
+``O = (own + others) / W``, ``W`` measured from the oldest start in the union and padded as
+Kafka pads it; the bound is the quota. With ``compensate_lag`` (the default), each other
+process that recorded into the budget within ``active_ms`` (default: the whole quota window)
+before its last report is taken to have used, since that report, what this process used in
+the same time, and (for the pipelining check) to have as much in flight: without it,
+processes that see the budget free at the same moment (when a burst leaves the window) each
+take the whole of it before they hear of the others. (With one sample window as the horizon,
+a peer whose client sat out a long throttle before its report was missed: pipelined 64 KB
+producers on 4 processes got 1.127 of the quota in ``bench/coordination_sim.py``, 0.999 with
+the whole window.) The alternative compared with it there (B, demand share) is not part of
+the product: ``testkit/shared_quotas.py`` builds it on this module's ``RemoteUsage`` and
+``SharedBudgets`` by subclassing them (nothing here exists for it), for the simulation and its
+tests.
 
 While reports cannot be read (or the process's own stop coming back), a process enforces its
 own samples against ``quota / live``, ``live`` being the processes known live when reports
@@ -35,26 +32,19 @@ were last read (itself included): the fallback.
 The hook ``QuotaManager`` needs is a ``BudgetHook``, called in ``record`` right after the
 sampled rate is recorded and measured: ``hook(sensor, value, rate, window_ms, now_ms)`` returns
 the ``(rate, window_ms, bound)`` that Kafka's check and throttle formula then apply to.
-``SharedQuotaManager`` is ``QuotaManager`` with it, for the simulation and the tests.
+``SharedBudgets.hooks`` gives it with the pipelining check's ``HeadroomHook``;
+``QuotaEnforcer.share`` hands both to every broker's ``QuotaManager``.
 """
 
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
 from quota.entities import QuotaType
-from quota.manager import (
-    ONE_HOUR_MS,
-    BudgetHook,
-    HeadroomHook,
-    QuotaManager,
-    QuotaSettings,
-    Sensor,
-    StorageScaling,
-)
+from quota.manager import BudgetHook, HeadroomHook, QuotaManager, QuotaSettings, Sensor
 from quota.sampled import SampledRate
 from quota.throttle import rate_per_second
 
@@ -77,11 +67,6 @@ _MAX_BEFORE = 2**32 - 1
 
 class ReportError(ValueError):
     """Bytes that are not a usage report this code reads."""
-
-
-class Design(Enum):
-    GLOBAL_SUM = "global-sum"  # A
-    DEMAND_SHARE = "demand-share"  # B
 
 
 @dataclass(frozen=True, slots=True)
@@ -593,36 +578,8 @@ class RemoteUsage:
         return sum(v for _, e, v in own.budgets.get(key, ())
                    if e - expire >= own.as_of_ms - active_ms)
 
-    def _demand(self, samples: Sequence[_Held], now_ms: int, horizon_ms: int | None
-                ) -> float:
-        expire = self._expire
-        return sum(v for _, expiry, v in samples if now_ms < expiry
-                   and (horizon_ms is None or now_ms - (expiry - expire) < horizon_ms))
 
-    def demands(self, key: BudgetKey, now_ms: int, horizon_ms: int | None = None
-                ) -> list[float]:
-        """Each other live process's usage of ``key`` (``horizon_ms``: in samples with an
-        event within it), for those with some (for each process its line with the most)."""
-        users = self._index.get(key)
-        if not users:
-            return []
-        got = []
-        for lines in users.values():
-            d = max((self._demand(line.budgets[key], now_ms, horizon_ms) for line in lines
-                     if self._fresh(line, now_ms)), default=0.0)
-            if d > 0.0:
-                got.append(d)
-        return got
-
-    def own_demand(self, key: BudgetKey, now_ms: int, horizon_ms: int | None = None) -> float:
-        """This process's usage of ``key`` as its own last report, read back, gave it."""
-        own = self._own
-        if own is None:
-            return 0.0
-        return self._demand(own.budgets.get(key, ()), now_ms, horizon_ms)
-
-
-# ---------------------------------------------------------------------- the designs
+# ---------------------------------------------------------------------- the design
 def global_sum(rate: SampledRate, others_total: float, others_oldest: int, now_ms: int
                ) -> tuple[float, int]:
     """Design A: ``(O, W)``, Kafka's maths on the union of ``rate``'s samples at ``now_ms``
@@ -631,17 +588,6 @@ def global_sum(rate: SampledRate, others_total: float, others_oldest: int, now_m
     oldest = min(oldest_start(rate, now_ms), others_oldest)
     window = kafka_window(now_ms - oldest, rate.samples, rate.window_ms)
     return rate_per_second(own_total + others_total, window), window
-
-
-def demand_share(own: float, others: Sequence[float], floor: float, live: int = 1) -> float:
-    """Design B: this process's share of a quota: ``max(floor, own / total)`` over the sum of
-    the same for every process with demand (the shares add up to 1); ``1 / live`` when no
-    process has any."""
-    total = own + sum(others)
-    if total <= 0.0:
-        return 1.0 / max(1, live)
-    mine = max(floor, own / total)
-    return mine / (mine + sum(max(floor, d / total) for d in others if d > 0.0))
 
 
 def fallback_bound(bound: float, live: int) -> float:
@@ -666,13 +612,13 @@ class SharedBudgets:
     ``BudgetHook`` of that broker's ``QuotaManager``. ``reported(now)`` is called each time
     the process makes its report.
 
-    Design A: ``compensate_lag``, ``active_ms`` (default: the quota window). Design B:
-    ``floor``, ``demand_horizon_ms`` (None: the whole quota window), ``shares_from_reports``.
-    ``coordinate=False``: each process on its own, as without coordination (to compare).
+    ``compensate_lag``, ``active_ms`` (default: the quota window): the lag compensation
+    (module doc). ``coordinate=False``: each process on its own, as without coordination (to
+    compare).
 
-    ``charge_cap_windows`` (design A; None: no cap): the others' usage of a budget, as
-    reported and as the lag compensation adds to it, counts at most that many quota windows
-    at the budget's bound (``bound * samples * window``; default 2). Every process enforces
+    ``charge_cap_windows`` (None: no cap): the others' usage of a budget, as reported and as
+    the lag compensation adds to it, counts at most that many quota windows at the budget's
+    bound (``bound * samples * window``; default 2). Every process enforces
     the same budget, so together the others cannot have passed more than about one window's
     worth in one window (the padded first window, and one request per connection past its
     bound); a report beyond it is a fault or a forgery, and counting it whole would throttle
@@ -682,10 +628,8 @@ class SharedBudgets:
     fetch response of many windows' worth, is under-counted here; its own process throttles
     that client as Kafka would.)"""
 
-    def __init__(self, remote: RemoteUsage, design: Design = Design.GLOBAL_SUM, *,
-                 compensate_lag: bool = True, active_ms: int | None = None,
-                 floor: float = 0.05, demand_horizon_ms: int | None = None,
-                 shares_from_reports: bool = True, coordinate: bool = True,
+    def __init__(self, remote: RemoteUsage, *, compensate_lag: bool = True,
+                 active_ms: int | None = None, coordinate: bool = True,
                  scale_by_usage: bool = False,
                  charge_cap_windows: float | None = CHARGE_CAP_WINDOWS) -> None:
         self.remote = remote
@@ -695,12 +639,8 @@ class SharedBudgets:
         # the peer's usage over this process's in their last reports (connections spread
         # unevenly: 3 + 5)
         self.scale_by_usage = scale_by_usage
-        self.design = design
         self.compensate_lag = compensate_lag
         self.active_ms = remote.samples * remote.window_ms if active_ms is None else active_ms
-        self.floor = floor
-        self.demand_horizon_ms = demand_horizon_ms
-        self.shares_from_reports = shares_from_reports
         self.coordinate = coordinate
         self._own: dict[BudgetKey, _Own] = {}
         self.fallback_checks = 0  # quota checks made under the fallback
@@ -732,23 +672,18 @@ class SharedBudgets:
         remote = self.remote
         if remote.fallback(now_ms):
             return sensor.headroom(now_ms, fallback_bound(bound, remote.fallback_processes))
-        if self.design is Design.GLOBAL_SUM:
-            others, oldest = remote.others(key, now_ms)
-            in_flight = sensor.in_flight
-            if self.compensate_lag:
-                # each other process active in the budget is taken to have done what this one
-                # did since its report, and to have as much in flight as this one has
-                unseen, active = self._unseen(key, now_ms)
-                others += unseen + active * in_flight
-            others = self._capped(others, bound, sensor.rate)
-            if others <= 0.0:
-                return sensor.headroom(now_ms, bound)
-            observed, _ = global_sum(sensor.rate, others + in_flight, oldest, now_ms)
-            return observed < bound
-        mine = remote.own_demand(key, now_ms, self.demand_horizon_ms)
-        share = demand_share(mine, remote.demands(key, now_ms, self.demand_horizon_ms),
-                             self.floor, remote.live(now_ms))
-        return sensor.headroom(now_ms, bound * share)
+        others, oldest = remote.others(key, now_ms)
+        in_flight = sensor.in_flight
+        if self.compensate_lag:
+            # each other process active in the budget is taken to have done what this one did
+            # since its report, and to have as much in flight as this one has
+            unseen, active = self._unseen(key, now_ms)
+            others += unseen + active * in_flight
+        others = self._capped(others, bound, sensor.rate)
+        if others <= 0.0:
+            return sensor.headroom(now_ms, bound)
+        observed, _ = global_sum(sensor.rate, others + in_flight, oldest, now_ms)
+        return observed < bound
 
     def measure(self, broker: int, sensor: Sensor, value: float, rate: float,
                 window_ms: int, now_ms: int) -> tuple[float, int, float]:
@@ -768,26 +703,14 @@ class SharedBudgets:
         if remote.fallback(now_ms):
             self.fallback_checks += 1
             return rate, window_ms, fallback_bound(bound, remote.fallback_processes)
-        if self.design is Design.GLOBAL_SUM:
-            others, oldest = remote.others(key, now_ms)
-            if self.compensate_lag:
-                others += self.unseen(key, now_ms)
-            others = self._capped(others, bound, sensor.rate)
-            if others <= 0.0:
-                return rate, window_ms, bound
-            observed, window = global_sum(sensor.rate, others, oldest, now_ms)
-            return observed, window, bound
-        horizon = self.demand_horizon_ms
-        if self.shares_from_reports:
-            mine = remote.own_demand(key, now_ms, horizon)
-        elif horizon is None:
-            mine = sensor.rate.peek(now_ms)[0]
-        else:
-            mine = sum(v for _, last, v in live_samples(sensor.rate, now_ms)
-                       if now_ms - last < horizon)
-        share = demand_share(mine, remote.demands(key, now_ms, horizon), self.floor,
-                             remote.live(now_ms))
-        return rate, window_ms, bound * share
+        others, oldest = remote.others(key, now_ms)
+        if self.compensate_lag:
+            others += self.unseen(key, now_ms)
+        others = self._capped(others, bound, sensor.rate)
+        if others <= 0.0:
+            return rate, window_ms, bound
+        observed, window = global_sum(sensor.rate, others, oldest, now_ms)
+        return observed, window, bound
 
     def _capped(self, others: float, bound: float, rate: SampledRate) -> float:
         """``others`` within ``charge_cap_windows`` quota windows at ``bound``."""
@@ -800,10 +723,10 @@ class SharedBudgets:
         return others
 
     def unseen(self, key: BudgetKey, now_ms: int) -> float:
-        """Design A's estimate of the others' usage of ``key`` since their last reports: for
-        each other process active in it (``RemoteUsage.active``), what this process recorded
-        into it since its own last report made before theirs (all it recorded, when it made
-        none since it began using the budget)."""
+        """The lag compensation's estimate of the others' usage of ``key`` since their last
+        reports: for each other process active in it (``RemoteUsage.active``), what this
+        process recorded into it since its own last report made before theirs (all it
+        recorded, when it made none since it began using the budget)."""
         return self._unseen(key, now_ms)[0]
 
     def _unseen(self, key: BudgetKey, now_ms: int) -> tuple[float, int]:
@@ -828,7 +751,7 @@ class SharedBudgets:
         return got, len(active)
 
     def others_counted(self, key: BudgetKey, now_ms: int) -> float:
-        """The others' usage of ``key`` that design A counts at ``now_ms``."""
+        """The others' usage of ``key`` that ``measure`` counts at ``now_ms``."""
         others = self.remote.others(key, now_ms)[0]
         if self.compensate_lag:
             others += self.unseen(key, now_ms)
@@ -851,14 +774,3 @@ class SharedBudgets:
                 del ticks[0]
         for key in gone:
             del self._own[key]
-
-
-class SharedQuotaManager(QuotaManager):
-    """``QuotaManager`` with a ``BudgetHook`` where ``record`` checks the quota. Produce
-    budgets paced by storage scaling are left as ``QuotaManager`` paces them (an open
-    question of ``docs/scale-out.md``)."""
-
-    def __init__(self, settings: QuotaSettings, hook: BudgetHook | None,
-                 headroom: HeadroomHook | None = None, idle_expiry_ms: int = ONE_HOUR_MS,
-                 storage: StorageScaling | None = None) -> None:
-        super().__init__(settings, idle_expiry_ms, storage, hook, headroom)

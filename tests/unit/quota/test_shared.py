@@ -1,7 +1,8 @@
 """Budgets shared across processes (``quota.shared``): the usage report and its encoding, the
-others' reports (window, staleness, fallback), the two designs' maths, and design A holding
-a client spread over two processes to its quota where each process on its own lets through
-twice as much."""
+others' reports (window, staleness, fallback), design A's maths, and design A holding a
+client spread over two processes to its quota where each process on its own lets through
+twice as much; and design B, the alternative the simulation compares it with
+(``testkit.shared_quotas``)."""
 
 from __future__ import annotations
 
@@ -23,18 +24,21 @@ from quota.shared import (
     MAX_CLOCK_SKEW_MS,
     MAX_LINES,
     BudgetKey,
-    Design,
     Refusal,
     RemoteUsage,
     ReportError,
     SharedBudgets,
-    SharedQuotaManager,
     UsageReport,
-    demand_share,
     fallback_bound,
     global_sum,
     kafka_window,
     usage_report,
+)
+from testkit.shared_quotas import (
+    DemandReports,
+    DemandShareBudgets,
+    SharedQuotaManager,
+    demand_share,
 )
 
 QUOTA = 1_000_000.0
@@ -294,48 +298,26 @@ def test_a_moved_client_is_throttled_at_once_by_the_new_process() -> None:
     assert manager().record(P, "u", "app", 100_000, now) == 250
 
 
-def test_demand_share() -> None:
-    assert demand_share(3.0, [1.0], floor=0.0) == 0.75
-    assert demand_share(1.0, [3.0], floor=0.0) == 0.25
-    # the floor, normalised: shares still add up to 1
-    small = demand_share(1.0, [99.0], floor=0.1)
-    big = demand_share(99.0, [1.0], floor=0.1)
-    assert small == pytest.approx(0.1 / 1.09)
-    assert small + big == pytest.approx(1.0)
-    # nobody has demand yet: an equal share of the live processes
-    assert demand_share(0.0, [], floor=0.05, live=4) == 0.25
-    # a newcomer (no demand reported yet) gets the floor
-    assert demand_share(0.0, [10.0], floor=0.05) == pytest.approx(0.05 / 1.05)
-
-
-def test_design_b_bounds_each_process_by_its_share_of_the_reported_demand() -> None:
-    remote = reading(now=1000)
-    see(remote, report("me", 2, {KEY: ((500, 0, 1000.0),)}), 1000)
-    see(remote, report("b", 1, {KEY: ((500, 0, 3000.0),)}), 1000)
-    shared = SharedBudgets(remote, Design.DEMAND_SHARE, floor=0.0)
-    m = SharedQuotaManager(SETTINGS, shared.hook(1))
-    sensor = m.sensor(P, "u", "app", 1000)
-    sensor.rate.record(1.0, 1000)
-    assert shared.measure(1, sensor, 1.0, 0.1, 10_000, 1000)[2] == pytest.approx(QUOTA / 4)
-    exact = SharedBudgets(remote, Design.DEMAND_SHARE, floor=0.0, shares_from_reports=False)
-    # own demand exact (1 byte recorded here) against b's 3000
-    assert exact.measure(1, sensor, 1.0, 0.1, 10_000, 1000)[2] == pytest.approx(
-        QUOTA * 1 / 3001)
-
-
 # ---------------------------------------------------------------------- two processes
 def simulate(processes: int, conns: int, shared: dict[str, object] | None,
              seconds: int = 100, report_ms: int = 250, delay_ms: int = 50,
-             size: int = 16_384) -> float:
+             size: int = 16_384, design_b: bool = False) -> float:
     """Greedy producers (one request at a time, 5 ms round trip, the next once the throttle
     has passed) with ``conns`` connections spread round-robin over ``processes``; reports
     every ``report_ms``, read ``delay_ms`` later; ``shared``: ``SharedBudgets`` options
-    (None: each process on its own). Bytes/s over whole throttle cycles after 15 s, /
-    quota."""
+    (None: each process on its own; ``design_b``: ``DemandShareBudgets`` options). Bytes/s
+    over whole throttle cycles after 15 s, / quota."""
     names = [f"p{i}" for i in range(processes)]
-    remotes = [RemoteUsage(n, initial_processes=processes) for n in names]
     options = {"coordinate": False} if shared is None else shared
-    budgets = [SharedBudgets(r, **options) for r in remotes]
+
+    def budgets_of(name: str) -> SharedBudgets:
+        if design_b:
+            return DemandShareBudgets(DemandReports(name, initial_processes=processes),
+                                      **options)
+        return SharedBudgets(RemoteUsage(name, initial_processes=processes), **options)
+
+    budgets = [budgets_of(n) for n in names]
+    remotes = [b.remote for b in budgets]
     managers = [SharedQuotaManager(SETTINGS, b.hook(1)) for b in budgets]
     for remote in remotes:
         remote.set_reading(True, 0)
@@ -394,10 +376,6 @@ def test_lag_compensation_keeps_simultaneous_bursts_within_the_quota() -> None:
     the compensation, each takes what is free before it hears of the others."""
     assert simulate(4, 8, {"compensate_lag": False}) > 1.05
     assert simulate(4, 8, {}) == pytest.approx(1.0, abs=0.05)
-
-
-def test_design_b_holds_a_client_spread_over_two_processes_to_its_quota() -> None:
-    assert simulate(2, 4, {"design": Design.DEMAND_SHARE}) == pytest.approx(1.0, abs=0.05)
 
 
 def test_produce_headroom_counts_the_others_usage_and_their_requests_in_flight() -> None:
@@ -503,6 +481,43 @@ def test_scaled_by_usage_a_peer_is_taken_to_do_its_own_share_since_its_report() 
         SharedQuotaManager(SETTINGS, shared.hook(1)).record(P, "u", "app", 100_000, t + 10)
     assert plain.unseen(KEY, t + 20) == 200_000  # b and c: as much as this process each
     assert scaled.unseen(KEY, t + 20) == pytest.approx(300_000 + 1_000_000)  # 3x, and 10x
+
+
+# ---------------------------------------------------------------------- design B
+# (``testkit.shared_quotas``: not part of the product, compared with A by the simulation)
+def test_demand_share() -> None:
+    assert demand_share(3.0, [1.0], floor=0.0) == 0.75
+    assert demand_share(1.0, [3.0], floor=0.0) == 0.25
+    # the floor, normalised: shares still add up to 1
+    small = demand_share(1.0, [99.0], floor=0.1)
+    big = demand_share(99.0, [1.0], floor=0.1)
+    assert small == pytest.approx(0.1 / 1.09)
+    assert small + big == pytest.approx(1.0)
+    # nobody has demand yet: an equal share of the live processes
+    assert demand_share(0.0, [], floor=0.05, live=4) == 0.25
+    # a newcomer (no demand reported yet) gets the floor
+    assert demand_share(0.0, [10.0], floor=0.05) == pytest.approx(0.05 / 1.05)
+
+
+def test_design_b_bounds_each_process_by_its_share_of_the_reported_demand() -> None:
+    remote = DemandReports("me", 11, 1000, 2000)
+    remote.set_reading(True, 1000)
+    see(remote, report("me", 1, {}), 1000)
+    see(remote, report("me", 2, {KEY: ((500, 0, 1000.0),)}), 1000)
+    see(remote, report("b", 1, {KEY: ((500, 0, 3000.0),)}), 1000)
+    shared = DemandShareBudgets(remote, floor=0.0)
+    m = SharedQuotaManager(SETTINGS, shared.hook(1))
+    sensor = m.sensor(P, "u", "app", 1000)
+    sensor.rate.record(1.0, 1000)
+    assert shared.measure(1, sensor, 1.0, 0.1, 10_000, 1000)[2] == pytest.approx(QUOTA / 4)
+    exact = DemandShareBudgets(remote, floor=0.0, shares_from_reports=False)
+    # own demand exact (1 byte recorded here) against b's 3000
+    assert exact.measure(1, sensor, 1.0, 0.1, 10_000, 1000)[2] == pytest.approx(
+        QUOTA * 1 / 3001)
+
+
+def test_design_b_holds_a_client_spread_over_two_processes_to_its_quota() -> None:
+    assert simulate(2, 4, {}, design_b=True) == pytest.approx(1.0, abs=0.05)
 
 
 # ---------------------------------------------------------------------- judging the reports
