@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy.filters.fetch_routing import FetchRouting
+from proxy.features.fetch_routing.routing import FetchRouting
 from proxy.metrics import ProxyStats
 from quota.connection_rate import ConnectionRates, IpConnectionQuotas
 from quota.entities import DEFAULT, EntityKey, QuotaType

@@ -151,7 +151,7 @@ def _cmd_quotas_resolve(args: argparse.Namespace) -> int:
 
 def _read_overrides(config: ProxyConfig) -> dict[Any, dict[str, float]] | None:
     """The overrides topic of ``config``'s cluster, or None after printing why not."""
-    from proxy.quota_admin import read_overrides
+    from proxy.features.quota_admin.admin import read_overrides
     from proxy.tls import TlsFileError, kafka_client_options
 
     try:

@@ -1,7 +1,7 @@
 """The frames of the APIs that the controller mutation quota counts (KIP-599): CreateTopics
 (19), DeleteTopics (20) and CreatePartitions (37), in the versions kio decodes.
 
-What the proxy does with them (``proxy.filters.controller_mutation``): read the topics a
+What the proxy does with them (``proxy.features.controller_mutation.filter``): read the topics a
 request mutates; forward the request without the topics its quota refuses (``without``, a
 frame of another size) or, when it refuses them all, not at all (``refused_response``
 answers); add the refused

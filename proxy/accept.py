@@ -1,7 +1,7 @@
 """Listeners whose connections go through steps before the proxied connection starts: a PROXY
 protocol header (``listeners.security.proxy_protocol``), then a TLS handshake
-(``listeners.security.tls``). The connection-creation rates (``proxy.connection_rate``) apply
-around the header: the listener's before it, the client address's (the header's source) after
+(``listeners.security.tls``). The connection-creation rates (``proxy.features.connection_rates``)
+apply around the header: the listener's before it, the client address's (the header's source) after
 it, before the handshake: a throttled client costs no handshake.
 
 The header is read from the socket exactly (byte counts asked of the sans-IO parser) before
@@ -32,7 +32,7 @@ from collections.abc import Callable
 from protocol.errors import ProtocolError
 from protocol.proxy_header import ProxyHeader, ProxyHeaderParser
 from proxy.admission import UNTRUSTED_SOURCE, ConnectionSlots, TrustedSources
-from proxy.connection_rate import Admission, ConnectionRateGuard
+from proxy.features.connection_rates import Admission, ConnectionRateGuard
 from proxy.logs import get_logger
 from quota.connection_limits import Slot
 

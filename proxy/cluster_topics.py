@@ -1,7 +1,8 @@
 """The proxy's own topics on the cluster: one reader per process for all of them.
 
-Storage throttling reads the volume topic (``proxy.storage_watch``), shared budgets read the
-usage topic (``proxy.coordination``); issue 17's quota overrides will be a third. One
+Storage throttling reads the volume topic (``proxy.features.storage.watch``), shared
+budgets read the usage topic (``proxy.features.coordination``), quota admin the overrides
+topic (``proxy.features.quota_admin.admin``). One
 ``TopicReader`` serves them all: one consumer (no group, manual assignment), each record
 dispatched to its topic's ``Subscription``. Every ``check_seconds`` it asks the cluster for
 its topics' partitions and end offsets, so that it notices a topic created, deleted or

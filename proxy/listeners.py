@@ -29,8 +29,8 @@ from proxy.bootstrap import BootstrapRoutes, Target
 from proxy.brokers import ListeningRewriter
 from proxy.cluster import OwnIdentity
 from proxy.connection import ProxiedConnection, TlsProxiedConnection
-from proxy.connection_rate import ConnectionRateGuard
 from proxy.context import ConnectionContext, ConnectionHost
+from proxy.features.connection_rates import ConnectionRateGuard
 from proxy.filters.base import Filter, FilterFactory
 from proxy.filters.identity import SaslInspection, SaslSettings
 from proxy.filters.sasl_server import SaslServerSettings, SaslTermination
@@ -206,10 +206,6 @@ class ListenerKind:
             ctx = self._contexts[listener] = self._make_context(listener, scope)
         return ctx
 
-    def forget_contexts(self) -> None:
-        """Connections from now on get new contexts (a feature started: capture)."""
-        self._contexts.clear()
-
     def _make_context(self, listener: str, scope: int) -> ConnectionContext:
         """The filters in chain order: identities (this kind's), then the shared features."""
         made: list[tuple[type[Filter], FilterFactory]] = []
@@ -247,7 +243,7 @@ class ListenerKind:
         name = self.listener(BOOTSTRAP)
         routes = self.host.bootstrap_routes
 
-        def ctx() -> ConnectionContext:  # per connection: features may start later (capture)
+        def ctx() -> ConnectionContext:  # (made at the first connection)
             # (the listener's filters: fetch routing stays off; each connection's scope is the
             # broker chosen for it at accept, ``proxy.bootstrap``)
             return self.context(name, BOOTSTRAP_SCOPE)
@@ -284,7 +280,7 @@ class ListenerKind:
         def targets(scope: int) -> Callable[[], list[Target]]:
             return resolve
 
-        def ctx() -> ConnectionContext:  # per connection: features may start later (capture)
+        def ctx() -> ConnectionContext:  # (made at the first connection)
             return self.context(name, node_id)
 
         servers = self.host.servers

@@ -14,55 +14,49 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import resource
 import signal
 import ssl
 import time
-from functools import partial
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from config.errors import ConfigError
 from config.loading import load_config
-from config.schema import HostPort, ProxyConfig
+from config.schema import HostPort, ProxyConfig, QuotasConfig
 from proxy.admission import ConnectionSlots
 from proxy.bootstrap import BootstrapRoutes
-from proxy.capture_writer import Capture
 from proxy.clock import now_ms
 from proxy.cluster import OwnIdentity, fetch_brokers
 from proxy.cluster_topics import TopicReader
 from proxy.connection import ProxiedConnection
-from proxy.connection_rate import ConnectionRateGuard, listeners_without_rates
-from proxy.controller_mutation import ControllerMutations
-from proxy.coordination import Coordination, own_process_id
+from proxy.feature import Feature
+from proxy.features import make_features
+from proxy.features.capture import CaptureError
+from proxy.features.connection_rates import ConnectionRateGuard, listeners_without_rates
+from proxy.features.coordination import own_process_id
+from proxy.features.quota_admin import QuotaAdminFeature
+from proxy.features.topic_guard import TopicGuardFeature
 from proxy.filters.base import Filter, FilterFactory
-from proxy.filters.capture import CaptureFilter
-from proxy.filters.controller_mutation import ControllerMutationFilter
-from proxy.filters.fetch_routing import FetchRouting, FetchRoutingFilter
-from proxy.filters.quota_admin import QuotaAdminFilter
-from proxy.filters.quotas import QuotaFilter
-from proxy.filters.storage import StorageFilter
-from proxy.filters.topic_guard import TopicGuardFilter
 from proxy.listeners import BOOTSTRAP, ListenerKind, Server, StartupError
 from proxy.logs import get_logger
 from proxy.memory import TRIM_AFTER_EXPIRED, trim_heap
-from proxy.metrics import EntityRow, ProxyStats, make_registry, serve_metrics
-from proxy.quota_admin import ClientQuotaAdmin
-from proxy.storage_watch import StorageWatch
+from proxy.metrics import ProxyStats, make_registry, serve_metrics
 from proxy.tls import (
     TlsFileError,
     client_context,
     kafka_client_options,
     read_secret,
 )
-from proxy.topic_guard import TopicGuard, guarded_names
 from quota.connection_limits import ConnectionLimits
-from quota.enforcer import BOOTSTRAP_SCOPE, QuotaEnforcer
+from quota.enforcer import QuotaEnforcer
 
 __all__ = ["Proxy", "StartupError", "run_proxy"]
 
 log = get_logger("kafka_quota_proxy.server")
+
+F = TypeVar("F", bound=Feature)
 
 
 
@@ -89,142 +83,109 @@ def raise_fd_limit(ceiling: int = 1 << 20) -> tuple[int, int]:
 
 
 class Proxy:
+    """The runtime (``proxy.feature.Runtime``): listeners, admission and reload of its own,
+    and the features (``proxy.features``), each run through one interface."""
+
     def __init__(self, config: ProxyConfig, config_path: str | None = None,
                  worker: int | None = None) -> None:
         """``worker``: this process is worker ``worker`` of several sharing the listeners
         (``proxy.workers``)."""
+        from proxy.workers import worker_count
+
         self.config = config
         self.config_path = config_path
         self.worker = worker
+        self.processes = worker_count(config)
         self.reuse_port = worker is not None
+        self.process = own_process_id(config.coordination.instance, worker)
         self.stats = ProxyStats()
+        self.stats.state_entries = self._client_state_entries
+        # the budgets every feature shares (quotas, storage, coordination, capture)
         self.quotas = QuotaEnforcer(config.quotas.settings(),
                                     int(config.quotas.sensor_idle_expiry_seconds * 1000))
-        self.stats.quota_entities = self._quota_entity_rows
-        self.stats.state_entries = self._client_state_entries
-        self.routing = FetchRouting(config.racks)
-        self.capture: Capture | None = None
-        if self.routing.enabled:
-            self.stats.feature_families.append(self.routing.metric_families)
-        # the kinds of client listeners (Kafka's listener map), each with its broker addresses
-        self.kinds = [ListenerKind(self, name, kind) for name, kind in config.listeners.kinds()]
-        self.main = self.kinds[0]
-        self.registry = self.main.registry
-        rewritten: dict[int, int] = {}
-        # controller mutation quotas (KIP-599), which learn topics' partitions from Metadata
-        self.mutations = ControllerMutations(config.quotas)
-        self.stats.feature_families.append(self.mutations.metric_families)
-        # the proxy's own topics, kept from its clients (``proxy.topic_guard``)
-        self.topic_guard = TopicGuard(guarded_names(config))
-        self.stats.feature_families.append(self.topic_guard.metric_families)
-        for kind in self.kinds:
-            kind.rewriter.rewritten = rewritten  # counted together
-            kind.rewriter.on_metadata = self._observe_metadata
-            kind.rewriter.metadata_filter = self.topic_guard.filter_metadata
-            kind.rewriter.amend = self.topic_guard.amend
-        self.stats.brokers_known = lambda: len(self.registry)
-        self.stats.rewritten = rewritten
-        self.stats.node_endpoints_dropped = lambda: sum(
-            k.rewriter.node_endpoints_dropped for k in self.kinds)
-        self.stats.client_write_buffered = lambda: sum(
-            c.transport.get_write_buffer_size() for c in self.connections if c.transport
-        )
-        self.stats.client_unread = lambda: sum(c.unread_bytes for c in self.connections)
         self.connections: set[ProxiedConnection] = set()
         self.servers: dict[str, Server] = {}
         self.fd_limit = fd_limit()
         self.max_connections = config.network.max_connections or max(
             (self.fd_limit - FD_RESERVE) // 2, 1)
-        self.stats.max_connections = self.max_connections
-        self.stats.in_flight = lambda: sum(len(c.table) for c in self.connections)
-        self.stats.fd_limit = self.fd_limit
         # every accepted socket counts against max_connections (and, once its address is
         # known, max_connections_per_ip) until it closes, whatever stage it is at
         net = config.network
         self.slots = ConnectionSlots(self.stats, ConnectionLimits(
             self.max_connections, net.max_connections_per_ip,
             net.max_connections_per_ip_overrides))
-        self.stats.feature_families.append(self.slots.metric_families)
         self.draining = False
         self._drained = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._past_drain: list[asyncio.Task[Any]] = []  # stopped after the drain
         self._reload_lock = asyncio.Lock()
         self._metrics_server: asyncio.Server | None = None
         self._bootstrap_rr = 0
         self.cluster_reachable = asyncio.Event()
         self.live_brokers: set[int] = set()  # node ids in the latest metadata
+        self.upstream_tls: ssl.SSLContext | None = None  # made at start (files read then)
+        self.own_identity: OwnIdentity | None = None  # toward brokers requiring SASL
+        self.client_options: dict[str, Any] = {}  # aiokafka's, toward the brokers (at start)
+        self.features = make_features(self)
+        self.topic_guard = self.feature(TopicGuardFeature).guard  # (metadata refreshes)
+        self.quota_admin = self.feature(QuotaAdminFeature)  # (the quotas in force)
+        self.connection_rates = self.feature(ConnectionRateGuard)  # (at accept)
+        # the kinds of client listeners (Kafka's listener map), each with its broker addresses
+        self.kinds = [ListenerKind(self, name, kind) for name, kind in config.listeners.kinds()]
+        self.main = self.kinds[0]
+        self.registry = self.main.registry
+        rewritten: dict[int, int] = {}
+        for kind in self.kinds:
+            kind.rewriter.rewritten = rewritten  # counted together
+            kind.rewriter.on_metadata = self._observe_metadata
+            for feature in self.features:
+                feature.attach(kind.rewriter)
         # the broker each bootstrap connection goes to, whose budgets it uses
         self.bootstrap_routes = BootstrapRoutes(
             self.registry, [(s.host, s.port) for s in config.upstream.bootstrap_servers],
             lambda: self.live_brokers)
-        self.storage: StorageWatch | None = None
-        if config.storage is not None:
-            self.storage = StorageWatch(config.storage, self.quotas,
-                                        config.upstream.bootstrap_servers,
-                                        lambda: self.live_brokers)
-            self.stats.feature_families.append(self.storage.metric_families)
-        # budgets shared with the other processes and instances (``proxy.coordination``)
-        c = config.coordination
-        self.process = own_process_id(c.instance, worker)
-        self.coordination: Coordination | None = None
-        if c.enabled is True or (c.enabled == "auto" and worker is not None):
-            from proxy.workers import worker_count
-
-            self.coordination = Coordination(
-                c, self.quotas, [str(b) for b in config.upstream.bootstrap_servers],
-                self.process, c.expected_processes or worker_count(config))
-            self.stats.feature_families.append(self.coordination.metric_families)
-        # client quotas altered with AlterClientQuotas (``proxy.quota_admin``)
-        self.quota_admin = ClientQuotaAdmin(
-            lambda: self.config.quotas, [str(b) for b in config.upstream.bootstrap_servers],
-            self._overrides_changed)
-        self.stats.feature_families.append(self.quota_admin.metric_families)
-        # connection creation rates (KIP-612): per listener and per client address; held
-        # throttled connections keep their place in max_connections (a file descriptor each)
-        self.connection_rates = ConnectionRateGuard(self.stats)
-        self.connection_rates.slots = self.slots
-        self.connection_rates.configure(config.quotas, config.listeners.kinds())
-        self.stats.feature_families.append(self.connection_rates.metric_families)
         # one reader for the proxy's own topics (the volume, usage and quota-overrides topics)
+        subscriptions = [sub for f in self.features for sub in f.subscriptions()]
         self.topics: TopicReader | None = None
-        if (self.storage is not None or self.coordination is not None
-                or config.quotas.overrides.enabled):
+        if subscriptions:
             self.topics = TopicReader([str(b) for b in config.upstream.bootstrap_servers])
-            for feature in (self.storage, self.coordination):
-                if feature is not None:
-                    self.topics.subscribe(feature.subscription())
-            if config.quotas.overrides.enabled:
-                self.topics.subscribe(self.quota_admin.subscription())
-        self._coordinating: list[asyncio.Task[Any]] = []  # stopped after the drain
-        self.upstream_tls: ssl.SSLContext | None = None  # made at start (files read then)
-        self.own_identity: OwnIdentity | None = None  # toward brokers requiring SASL
+            for sub in subscriptions:
+                self.topics.subscribe(sub)
+        self._metadata_observers = [f for f in self.features if f.wants_metadata]
+        self._wire_stats(rewritten)
+
+    def _wire_stats(self, rewritten: dict[int, int]) -> None:
+        stats = self.stats
+        stats.max_connections = self.max_connections
+        stats.fd_limit = self.fd_limit
+        stats.brokers_known = lambda: len(self.registry)
+        stats.rewritten = rewritten
+        stats.node_endpoints_dropped = lambda: sum(
+            k.rewriter.node_endpoints_dropped for k in self.kinds)
+        stats.client_write_buffered = lambda: sum(
+            c.transport.get_write_buffer_size() for c in self.connections if c.transport)
+        stats.client_unread = lambda: sum(c.unread_bytes for c in self.connections)
+        stats.in_flight = lambda: sum(len(c.table) for c in self.connections)
+        stats.feature_families.append(self.slots.metric_families)
+        stats.feature_families += [f.metric_families for f in self.features]
+
+    def feature(self, kind: type[F]) -> F:
+        """The feature of this class (one the proxy always has)."""
+        return next(f for f in self.features if isinstance(f, kind))
 
     # ------------------------------------------------------------------ the request path
     def _observe_metadata(self, response: Any) -> None:
         """A decoded MetadataResponse on its way to a client."""
-        if self.routing.enabled:
-            self.routing.observe_metadata(response)
-        self.mutations.observe_metadata(response)
+        for feature in self._metadata_observers:
+            feature.observe_metadata(response)
 
     def feature_filters(self, scope: int) -> list[tuple[type[Filter], FilterFactory]]:
-        """The shared features' filters, in chain order: quotas, storage throttling, fetch
-        routing (brokers' ports), capture (each kind puts its identity filter first)."""
-        made: list[tuple[type[Filter], FilterFactory]] = [
-            (TopicGuardFilter, partial(TopicGuardFilter, guard=self.topic_guard)),
-            (QuotaFilter, partial(QuotaFilter, quotas=self.quotas, stats=self.stats)),
-            (QuotaAdminFilter, partial(QuotaAdminFilter, admin=self.quota_admin)),
-            (ControllerMutationFilter,
-             partial(ControllerMutationFilter, mutations=self.mutations))]
-        if self.storage is not None:
-            made.append((StorageFilter, partial(StorageFilter, storage=self.storage)))
-        # (not on the bootstrap listener: clients fetch from the leader's port; a bootstrap
-        # connection's broker is chosen per connection and may change if it is unreachable)
-        if self.routing.enabled and scope != BOOTSTRAP_SCOPE:
-            made.append((FetchRoutingFilter, partial(FetchRoutingFilter, routing=self.routing)))
-        if self.capture is not None:
-            made.append((CaptureFilter,
-                         partial(CaptureFilter, capture=self.capture, quotas=self.quotas)))
-        return made
+        """The features' filters, in chain order (each kind puts its identity filter
+        first)."""
+        return [made for f in self.features for made in f.filters(scope)]
+
+    def effective_quotas(self) -> QuotasConfig:
+        return self.config.quotas.with_overrides(self.quota_admin.overrides)
 
     # ------------------------------------------------------------------ startup
     def _load_security(self) -> None:
@@ -242,54 +203,36 @@ class Proxy:
             if own is not None:
                 password = read_secret(own.password_file, "upstream.sasl.password_file")
                 self.own_identity = OwnIdentity(own.mechanism, own.username, password)
-            options = kafka_client_options(self.config.upstream)
+            self.client_options = kafka_client_options(self.config.upstream)
             if self.topics is not None:
-                self.topics.client_options = options
-            if self.coordination is not None:
-                self.coordination.client_options = options
-            self.quota_admin.client_options = options
+                self.topics.client_options = self.client_options
         except TlsFileError as exc:
             raise StartupError(str(exc)) from None
         for kind in self.kinds:
             kind.load_security()
 
     async def start(self) -> None:
+        """Security files read, features started (their files opened, their tasks running),
+        then the listeners and the metrics endpoint; anything that cannot start stops the
+        start, naming its field, with what was opened closed again."""
         self._load_security()
+        started: list[Feature] = []
         try:
+            for feature in self.features:
+                feature.start(self)
+                started.append(feature)
             for kind in self.kinds:
                 await kind.start()
-        except StartupError:
+            await self._serve_metrics()
+        except (StartupError, CaptureError) as exc:
             for server in self.servers.values():
                 server.close()
-            raise
-        if self.config.metrics.listen is not None:
-            m = self.config.metrics.listen
-            try:
-                self._metrics_server = await serve_metrics(
-                    make_registry(self.stats), m.host, m.port
-                )
-            except OSError as exc:
-                for server in self.servers.values():
-                    server.close()
-                raise StartupError(
-                    f"cannot listen on metrics.listen {m}: {exc.strerror or exc}"
-                ) from None
-        if self.config.capture is not None:
-            c = self.config.capture
-            try:
-                self.capture = Capture(c.dir, c.rotate_mb, c.rotate_seconds,
-                                       queue_batches=c.queue_batches, batch=c.batch_records,
-                                       instance=self.process.split("/", 1)[0],
-                                       process=self.process)
-            except OSError as exc:
-                for server in self.servers.values():
-                    server.close()
-                raise StartupError(f"cannot write capture.dir {c.dir}: {exc}") from None
-            self.stats.feature_families.append(self.capture.metric_families)
-            for kind in self.kinds:
-                kind.forget_contexts()  # connections from now on capture
-            self._write_quota_config()
-            self.spawn(self._flush_capture())
+            for task in list(self._tasks) + self._past_drain:
+                task.cancel()
+            for feature in reversed(started):
+                with contextlib.suppress(Exception):
+                    await feature.stop()
+            raise StartupError(str(exc)) from None
         self.spawn(self._refresh_loop())
         self.spawn(self._expire_loop())
         self.spawn(self._sweep())
@@ -297,14 +240,8 @@ class Proxy:
         for kind in self.kinds:
             for watch in kind.watches():
                 self.spawn(watch)
-        if self.storage is not None:
-            self.spawn(self.storage.run())
-        self.spawn(self.quota_admin.prepare())
-        if self.coordination is not None:
-            loop = asyncio.get_running_loop()
-            self._coordinating.append(loop.create_task(self._coordinate(self.coordination)))
         if self.topics is not None:
-            self._coordinating.append(asyncio.get_running_loop().create_task(self.topics.run()))
+            self.spawn_past_drain(self.topics.run())
         if self.config_path is not None and self.config.quotas.watch_seconds > 0:
             self.spawn(self._watch_config())
         log.info(
@@ -314,16 +251,26 @@ class Proxy:
             listeners=[kind.summary() for kind in self.kinds],
             upstream=[str(s) for s in self.config.upstream.bootstrap_servers],
             metrics=str(self.config.metrics.listen) if self.config.metrics.listen else None,
+            features=[f.name for f in self.features],
         )
 
-    async def _coordinate(self, coordination: Coordination) -> None:
-        await coordination.ensure_topic()
-        await coordination.run()
+    async def _serve_metrics(self) -> None:
+        m = self.config.metrics.listen
+        if m is None:
+            return
+        try:
+            self._metrics_server = await serve_metrics(make_registry(self.stats), m.host, m.port)
+        except OSError as exc:
+            raise StartupError(
+                f"cannot listen on metrics.listen {m}: {exc.strerror or exc}") from None
 
-    def spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def spawn_past_drain(self, coro: Coroutine[Any, Any, Any]) -> None:
+        self._past_drain.append(asyncio.get_running_loop().create_task(coro))
 
     def bootstrap_targets(self) -> list[tuple[str, int]]:
         """The bootstrap servers, beginning with the next in turn (metadata refreshes)."""
@@ -350,8 +297,8 @@ class Proxy:
                 for b in brokers:
                     kind.listening.advertise(b.node_id, b.host, b.port, b.rack)
             self.live_brokers = {b.node_id for b in brokers}
-            if self.routing.enabled:
-                self.routing.topology.observe_brokers((b.node_id, b.rack) for b in brokers)
+            for feature in self.features:
+                feature.observe_brokers(brokers)
             self.cluster_reachable.set()
             return True
         self.cluster_reachable.clear()
@@ -371,40 +318,23 @@ class Proxy:
                 delay = min(max(delay * 2, 0.25), self.config.upstream.metadata_refresh_seconds)
             await asyncio.sleep(delay)
 
-    # ------------------------------------------------------------------ quotas
+    # ------------------------------------------------------------------ features' state
     async def _expire_loop(self) -> None:
-        """Drop quota budgets idle for ``quotas.sensor_idle_expiry_seconds`` (Kafka's inactive
-        sensor expiry, an hour), and controller mutation budgets back at a full bucket (the
-        same as a new one): every minute, or every half of the expiry when shorter."""
+        """Each feature drops its idle state (quota budgets idle for
+        ``quotas.sensor_idle_expiry_seconds``, Kafka's inactive sensor expiry; mutation
+        budgets back at a full bucket; address sensors idle for an hour): every minute, or
+        every half of the expiry when shorter."""
         while True:
-            expiry_s = self.config.quotas.sensor_idle_expiry_seconds
-            await asyncio.sleep(min(60.0, expiry_s / 2))
+            await asyncio.sleep(min(60.0, self.config.quotas.sensor_idle_expiry_seconds / 2))
             now = now_ms()
-            expired = self.quotas.expire(
-                now, int(self.config.quotas.sensor_idle_expiry_seconds * 1000))
-            self.connection_rates.expire()
-            self.mutations.quotas.expire(now)
+            expired = sum(feature.expire(now) for feature in self.features)
             if expired >= TRIM_AFTER_EXPIRED:  # a churn of client-ids or users gone
                 trim_heap()
 
     def _client_state_entries(self) -> dict[str, int]:
         """Entries of the structures keyed by client-chosen names (client-id, user, address):
         each bounded or expiring (docs/security.md, "Bounded per-client state")."""
-        budgets, cached = self.quotas.entries()
-        return {"quota_budgets": budgets, "quota_caches": cached,
-                "mutation_budgets": len(self.mutations.quotas.budgets()),
-                "ip_rate_sensors": len(self.connection_rates.rates.ips),
-                "fetch_redirects": self.routing.redirect_entries(),
-                "fetch_rack_pairs": len(self.routing.fetch_bytes)}
-
-    def _quota_entity_rows(self) -> list[EntityRow]:
-        rows: list[EntityRow] = []
-        for view in self.quotas.top_sensors(self.config.quotas.metrics_top_entities, now_ms()):
-            s = view.sensor
-            broker = "bootstrap" if view.broker == BOOTSTRAP_SCOPE else str(view.broker)
-            rows.append((broker, s.quota_type.short, s.tags[0], s.tags[1], view.rate, s.bound,
-                         s.throttled_requests, s.throttle_ms_total))
-        return rows
+        return {k: v for f in self.features for k, v in f.state_entries().items()}
 
     @property
     def metrics_port(self) -> int | None:
@@ -447,59 +377,28 @@ class Proxy:
         if "listeners" in ignored and (listeners_without_rates(new.listeners)
                                        == listeners_without_rates(self.config.listeners)):
             ignored.remove("listeners")  # only max_connection_creation_rate: applied live
-        merged = new.quotas.with_overrides(self.quota_admin.overrides)
-        self.connection_rates.configure(merged, new.listeners.kinds())
         changed = new.quotas != self.config.quotas
-        if changed:
-            self.quotas.update(merged.settings())
-            self.mutations.configure(merged, now_ms())
+        for feature in self.features:
+            feature.reload(new)
         self.config = self.config.model_copy(update={"quotas": new.quotas})
         if changed:
-            self._write_quota_config()
+            self._reconfigure()
         self.stats.reloads["success"] += 1
         log.info("config_reloaded", file=self.config_path,
                  quota_entities=len(new.quotas.entities),
                  **({"restart_needed_for": ignored} if ignored else {}))
 
-    def _overrides_changed(self) -> None:
+    def quotas_changed(self) -> None:
         """Quotas altered (through this proxy or another): the YAML's with them over it."""
-        merged = self.config.quotas.with_overrides(self.quota_admin.overrides)
-        self.quotas.update(merged.settings())
-        self.connection_rates.configure(merged)
-        self.mutations.configure(merged, now_ms())
-        self._write_quota_config()
+        self._reconfigure()
         log.info("quota_overrides_applied",
                  overrides=sum(len(v) for v in self.quota_admin.overrides.values()),
                  quota_generation=self.quotas.generation)
 
-    # ------------------------------------------------------------------ capture
-    def _write_quota_config(self) -> None:
-        """Next to the capture: the quota config of each generation, so a replay can use the
-        configuration that was live when each request was recorded."""
-        if self.capture is None:
-            return
-        q = self.config.quotas.with_overrides(self.quota_admin.overrides)
-        doc = {
-            "run": self.capture.run,
-            "quota_generation": self.quotas.generation,
-            "since_ms": int(time.time() * 1000),
-            "quotas": q.model_dump(mode="json", by_alias=True, exclude_none=True),
-        }
-        if self.config.storage is not None:  # what a replay needs besides storage_scale
-            st = self.config.storage
-            doc["storage"] = {"unquoted_producer_byte_rate": st.unquoted_producer_byte_rate,
-                              "exempt_users": st.exempt_users}
-        path = (self.capture.directory
-                / f"quotas-{self.capture.run}-{self.quotas.generation:05d}.json")
-        try:
-            path.write_text(json.dumps(doc, indent=1))
-        except OSError as exc:
-            log.error("capture_config_write_failed", path=str(path), error=str(exc))
-
-    async def _flush_capture(self) -> None:
-        while self.capture is not None:
-            await asyncio.sleep(1.0)
-            self.capture.flush()
+    def _reconfigure(self) -> None:
+        merged, now = self.effective_quotas(), now_ms()
+        for feature in self.features:
+            feature.reconfigure(merged, now)
 
     async def _watch_config(self) -> None:
         """Reload when the config file changes (polled; SIGHUP also reloads)."""
@@ -608,7 +507,8 @@ class Proxy:
         log.info("proxy_stopping", connections=len(self.connections))
         for server in self.servers.values():
             server.close()
-        self.connection_rates.close_all()
+        for feature in self.features:
+            feature.draining()
         if self._metrics_server is not None:
             self._metrics_server.close()
         for task in list(self._tasks):
@@ -629,17 +529,11 @@ class Proxy:
         for server in self.servers.values():
             with contextlib.suppress(Exception):
                 await server.wait_closed()
-        for task in self._coordinating:  # reported and read until the last request was done
+        for task in self._past_drain:  # reported and read until the last request was done
             task.cancel()
-        await asyncio.gather(*self._coordinating, return_exceptions=True)
-        if self.coordination is not None:
-            await self.coordination.stop()
-        await self.quota_admin.stop()
-        if self.capture is not None:
-            capture, self.capture = self.capture, None
-            await asyncio.get_running_loop().run_in_executor(None, capture.close)
-            log.info("capture_closed", records=capture.records, dropped=capture.dropped,
-                     files=capture.writer.files_written)
+        await asyncio.gather(*self._past_drain, return_exceptions=True)
+        for feature in self.features:
+            await feature.stop()
         log.info("proxy_stopped")
 
 

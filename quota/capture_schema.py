@@ -1,5 +1,5 @@
 """The capture record: one per request the proxy forwarded (never payloads), what the proxy
-writes (``proxy.capture_writer``: Parquet, ``docs/capture-schema.md``) and the replays read
+writes (``proxy.features.capture.writer``: Parquet, ``docs/capture-schema.md``) and the replays read
 (``quota.replay``, ``spark_jobs``). Defined once, here; the Parquet types are the writer's."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Kafka's recording rule, as the proxy applies it: which value each request records into
-which quota type. One function, called by the live proxy (``proxy.filters.quotas``) and by
+which quota type. One function, called by the live proxy (``proxy.features.quotas.filter``) and by
 every replay (``quota.replay``), so the two cannot drift apart.
 
 - Produce: ``request_bytes - 4`` (the frame without its size prefix; acks=0 too, when it is

@@ -1,6 +1,6 @@
-"""Fakes for the connection-rate guard at accept (``proxy.connection_rate``), driven without
-sockets: a guard with given ip entities, a transport that records pausing and closing, the
-connection it would hand on, and one accept through the guard."""
+"""Fakes for the connection-rate guard at accept (``proxy.features.connection_rates``), driven
+without sockets: a guard with given ip entities, a transport that records pausing and closing,
+the connection it would hand on, and one accept through the guard."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 from config.schema import ListenerKindConfig, QuotasConfig
-from proxy.connection_rate import ConnectionRateGuard, _GatedAccept
+from proxy.features.connection_rates import ConnectionRateGuard, _GatedAccept
 from proxy.metrics import ProxyStats
 
 WINDOW = {"samples": 2, "size_seconds": 1}  # W = 1 s from the start: small throttle times

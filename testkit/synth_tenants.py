@@ -29,7 +29,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy.capture_writer import FIELDS
+from proxy.features.capture.writer import FIELDS
 from quota.replay import replay_rows, settings_from_section
 from testkit.synth_capture import write_capture_file
 

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
-from proxy.capture_writer import FIELDS
+from proxy.features.capture.writer import FIELDS
 from quota.capture_schema import SCHEMA_VERSION_KEY, process_id
 from quota.replay import Recorded, replay, settings_from_section
 from spark_jobs.main import run

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from config.loading import parse_config
-from proxy.capture_writer import Capture
+from proxy.features.capture.writer import Capture
 from proxy.metrics import make_registry
 from proxy.server import Proxy
 

@@ -11,7 +11,7 @@ import pytest
 
 from config.loading import parse_config
 from config.schema import QuotasConfig
-from proxy.connection_rate import ip_quotas, listeners_without_rates
+from proxy.features.connection_rates import ip_quotas, listeners_without_rates
 from quota.connection_rate import address_of
 from testkit import config_errors
 

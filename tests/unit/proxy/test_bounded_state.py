@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from config.schema import RacksConfig
-from proxy.filters.fetch_routing import OTHER_RACK, REDIRECTED_LIMIT, FetchRouting
+from proxy.features.fetch_routing.routing import OTHER_RACK, REDIRECTED_LIMIT, FetchRouting
 from proxy.metrics import ProxyStats, make_registry
 from quota.entities import DEFAULT, EntityKey, QuotaType
 from quota.manager import CACHE_LIMIT, QuotaManager, QuotaSettings

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from proxy.capture_writer import (
+from proxy.features.capture.writer import (
     FIELDS,
     SCHEMA,
     SCHEMA_VERSION,

@@ -1,8 +1,8 @@
-"""Connection-creation rates at accept (``proxy.connection_rate``, KIP-612 rules C3, C6 and
-C10 of the issue-17 spec on the asyncio side): a connection over its address's rate is held
+"""Connection-creation rates at accept (``proxy.features.connection_rates``, KIP-612 rules C3, C6
+and C10 of the issue-17 spec on the asyncio side): a connection over its address's rate is held
 unread and closed after its throttle time, never handed to a proxied connection; one over its
-listener's rate waits, then is served, and the ones behind it wait their turn; the PROXY
-header's source is the address; the metrics' names. The numbers themselves are
+listener's rate waits, then is served, and the ones behind it wait their turn; the PROXY header's
+source is the address; the metrics' names. The numbers themselves are
 ``tests/unit/quota/test_connection_rate.py``'s."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from config.loading import parse_config
 from protocol.proxy_header import encode_v1
 from proxy.accept import SecuredServer
-from proxy.connection_rate import (
+from proxy.features.connection_rates import (
     CLOSE_REASON,
     Admission,
 )
@@ -185,8 +185,8 @@ quotas:
     proxy._apply_reload(parse_config(base % (", max_connection_creation_rate: 7", 6)))
     assert rates.kind_rates == {None: 7} and rates.rates.ip_quotas.default == 6
     assert proxy.stats.reloads["success"] == 1
-    proxy.quota_admin.overrides = {(("ip", "10.0.0.1"),): {"connection_creation_rate": 2.0}}
-    proxy._overrides_changed()
+    proxy.quota_admin.admin.overrides = {(("ip", "10.0.0.1"),): {"connection_creation_rate": 2.0}}
+    proxy.quotas_changed()
     assert rates.rates.ip_quotas.rates == {address_of("10.0.0.1"): 2}
     assert rates.kind_rates == {None: 7}  # an alter leaves the listeners' rates alone
     assert rates.rates.ip_quotas.default == 6

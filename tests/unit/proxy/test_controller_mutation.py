@@ -1,7 +1,7 @@
-"""The controller mutation quota on frames (``proxy.filters.controller_mutation``): what goes
-upstream, what the client gets back and what each topic costs, for CreateTopics, DeleteTopics
-and CreatePartitions in strict and permissive versions (KIP-599 rules Q4-Q13; the bucket's
-own rules are ``tests/unit/quota/test_mutation.py``'s)."""
+"""The controller mutation quota on frames (``proxy.features.controller_mutation.filter``): what
+goes upstream, what the client gets back and what each topic costs, for CreateTopics,
+DeleteTopics and CreatePartitions in strict and permissive versions (KIP-599 rules Q4-Q13; the
+bucket's own rules are ``tests/unit/quota/test_mutation.py``'s)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from protocol.headers import (
     parse_response_header,
 )
 from protocol.mutation_frames import decode_request
-from proxy.controller_mutation import ControllerMutations
-from proxy.filters.controller_mutation import CONTROLLER_MUTATION, ControllerMutationFilter
+from proxy.features.controller_mutation.filter import CONTROLLER_MUTATION, ControllerMutationFilter
+from proxy.features.controller_mutation.mutations import ControllerMutations
 from testkit.filter_host import FakeFilterHost
 from testkit.frames import create_topics_request
 
@@ -36,7 +36,7 @@ NOW = [1_700_000_000_000]
 @pytest.fixture(autouse=True)
 def _frozen_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """The filter's clock stands still unless a test moves it (exact Kafka numbers)."""
-    monkeypatch.setattr("proxy.filters.controller_mutation.now_ms", lambda: NOW[0])
+    monkeypatch.setattr("proxy.features.controller_mutation.filter.now_ms", lambda: NOW[0])
 
 
 def _mutations(rate: float = 1.0, samples: int = 11) -> ControllerMutations:

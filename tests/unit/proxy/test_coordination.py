@@ -7,7 +7,7 @@ import pytest
 
 from config.schema import CoordinationConfig
 from proxy.cluster_topics import mac_headers, signed
-from proxy.coordination import Coordination, own_process_id
+from proxy.features.coordination import Coordination, own_process_id
 from quota.enforcer import QuotaEnforcer
 from quota.entities import EntityKey, QuotaType
 from quota.manager import QuotaSettings

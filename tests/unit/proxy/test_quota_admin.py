@@ -1,7 +1,7 @@
-"""DescribeClientQuotas and AlterClientQuotas answered by the proxy (``proxy.filters.
-quota_admin``, ``proxy.quota_admin``): authorization, answers, the filler that goes upstream in
-their place, responses held until an alter is stored, and the overrides read from the topic.
-Kafka's validation rules themselves are ``tests/unit/quota/test_client_quotas.py``'s."""
+"""DescribeClientQuotas and AlterClientQuotas answered by the proxy
+(``proxy.features.quota_admin``): authorization, answers, responses held until an alter is
+stored, and the overrides read from the topic. Kafka's validation rules themselves are
+``tests/unit/quota/test_client_quotas.py``'s."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from protocol.correlation import CorrelationTable, InFlight
 from protocol.headers import encode_request_header, parse_request_header, parse_response_header
 from protocol.request_stream import RequestStream
 from proxy.connection import patch_captured
-from proxy.filters.quota_admin import QuotaAdminFilter
-from proxy.quota_admin import AlterFailed, ClientQuotaAdmin
+from proxy.features.quota_admin.admin import AlterFailed, ClientQuotaAdmin
+from proxy.features.quota_admin.filter import QuotaAdminFilter
 from quota.client_quotas import Change, encode_record
 from testkit.filter_host import FakeFilterHost
 from testkit.frames import request_frame

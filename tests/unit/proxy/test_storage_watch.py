@@ -8,7 +8,7 @@ import pytest
 
 from config.schema import StorageConfig
 from proxy.cluster_topics import mac_headers
-from proxy.storage_watch import StorageWatch
+from proxy.features.storage.watch import StorageWatch
 from quota.enforcer import QuotaEnforcer
 from quota.manager import QuotaSettings
 from quota.storage import Snapshot, State, Volume

@@ -74,8 +74,8 @@ def test_the_mutation_quota_counts_what_goes_on() -> None:
     """The controller mutation filter after the guard sees the request without the guarded
     topic (the connection passes each filter the frame the ones before it left)."""
     from config.schema import QuotasConfig
-    from proxy.controller_mutation import ControllerMutations
-    from proxy.filters.controller_mutation import ControllerMutationFilter
+    from proxy.features.controller_mutation.filter import ControllerMutationFilter
+    from proxy.features.controller_mutation.mutations import ControllerMutations
 
     f, _, _ = _filter()
     mutations = ControllerMutations(QuotasConfig.model_validate({

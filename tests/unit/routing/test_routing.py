@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol.fetch import FetchRequestSummary
-from proxy.filters.fetch_routing import FetchRouting
+from proxy.features.fetch_routing.routing import FetchRouting
 from routing.client_rack import ClientRacks, RackRule
 from routing.decide import FetchPlan, FetchSession, PartitionKey, Router, plan_fetch
 from routing.selector import (

@@ -16,8 +16,8 @@ from typing import Any
 from protocol.apis import ApiKey
 from protocol.correlation import InFlight
 from protocol.interests import Interest
-from proxy.capture_writer import Capture
 from proxy.clock import now_ms
+from proxy.features.capture.writer import Capture
 from proxy.filters.base import Filter, FilterHost
 from quota.capture_schema import CaptureRow
 from quota.enforcer import QuotaEnforcer

@@ -25,7 +25,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -33,6 +33,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from config.schema import CoordinationConfig
 from proxy.clock import now_ms, wall_ms
 from proxy.cluster_topics import Subscription, ensure_topic, mac_headers, stop_quietly
+from proxy.feature import Feature
 from quota.capture_schema import process_id
 from quota.enforcer import QuotaEnforcer
 from quota.shared import (
@@ -43,6 +44,9 @@ from quota.shared import (
     UsageReport,
     usage_report,
 )
+
+if TYPE_CHECKING:
+    from proxy.feature import Runtime
 
 log = structlog.get_logger("kafka_quota_proxy.coordination")
 
@@ -63,7 +67,35 @@ def own_process_id(instance: str | None, worker: int | None) -> str:
                       os.getpid())
 
 
-class Coordination:
+class Coordination(Feature):
+    """Reports this process's usage, reads everyone's, and shares the budgets."""
+
+    name = "coordination"
+
+    @classmethod
+    def make(cls, runtime: Runtime) -> Coordination | None:
+        """On with ``coordination.enabled: true``, or ``auto`` in a worker process."""
+        config = runtime.config
+        c = config.coordination
+        if not (c.enabled is True or (c.enabled == "auto" and runtime.worker is not None)):
+            return None
+        return cls(c, runtime.quotas, [str(b) for b in config.upstream.bootstrap_servers],
+                   runtime.process, c.expected_processes or runtime.processes)
+
+    def subscriptions(self) -> list[Subscription]:
+        return [self.subscription()]
+
+    client_options: dict[str, Any]
+
+    def start(self, runtime: Runtime) -> None:
+        """Reports go on while the last requests are answered."""
+        self.client_options = runtime.client_options
+        runtime.spawn_past_drain(self._coordinate())
+
+    async def _coordinate(self) -> None:
+        await self.ensure_topic()
+        await self.run()
+
     def __init__(self, config: CoordinationConfig, quotas: QuotaEnforcer, bootstrap: list[str],
                  process: str, initial_processes: int,
                  clock: Callable[[], int] = now_ms, wall: Callable[[], int] = wall_ms) -> None:
@@ -87,7 +119,7 @@ class Coordination:
         self._last_empty = False  # the last report written held no budget
         self._last_written_ms = 0
         # aiokafka's TLS and SASL options (``proxy.tls.kafka_client_options``), set at start
-        self.client_options: dict[str, Any] = {}
+        self.client_options = {}
         self._producer: Any = None
         self._failures = 0  # writes failed in a row
         self._in_flight = 0

@@ -28,8 +28,8 @@ from protocol.client_quota_frames import (
 from protocol.correlation import InFlight
 from protocol.errors import MalformedFrame
 from protocol.interests import Interest
+from proxy.features.quota_admin.admin import AlterFailed, ClientQuotaAdmin
 from proxy.filters.base import Filter, FilterHost
-from proxy.quota_admin import AlterFailed, ClientQuotaAdmin
 from quota.client_quotas import (
     AlterEntry,
     Change,

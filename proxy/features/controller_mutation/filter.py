@@ -39,7 +39,7 @@ from protocol.mutation_frames import (
     without,
 )
 from proxy.clock import now_ms
-from proxy.controller_mutation import ControllerMutations, api_label
+from proxy.features.controller_mutation.mutations import ControllerMutations, api_label
 from proxy.filters.base import Filter, FilterHost, propose_throttle
 from quota.mutation import MutationBudget, MutationThrottle, strict
 

@@ -1,6 +1,6 @@
 """A process's controller mutation quotas (KIP-599, ``quota.mutation``): the budgets, what it
 knows of each topic's partitions (what deleting it or adding to it costs), and the metrics.
-The request path is ``proxy.filters.controller_mutation``."""
+The request path is ``proxy.features.controller_mutation.filter``."""
 
 from __future__ import annotations
 

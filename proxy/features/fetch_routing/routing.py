@@ -25,26 +25,18 @@ clients never ping-pong between a leader and a replica that does not serve them.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily
 
 from protocol.apis import ApiKey
-from protocol.correlation import InFlight
 from protocol.decoded import metadata_topics
 from protocol.fetch import (
-    FIRST_VERSION,
     FetchRequestSummary,
     TopicKey,
-    ask_for_nothing,
-    parse_fetch_request,
 )
-from protocol.headers import parse_request_header
-from protocol.interests import Interest
 from proxy.clock import now_ms
-from proxy.filters.base import Filter, FilterHost
 from proxy.metrics import family
 from routing.client_rack import ClientRacks
 from routing.decide import FetchPlan, FetchSession, PartitionKey, Router, plan_fetch
@@ -241,82 +233,3 @@ class FetchRouting:
                                 "Consumer fetch requests the router could not read (left alone)")
         c.add_metric([], self.unparsed_requests)
         yield c
-
-
-class FetchRoutingFilter(Filter):
-    """Fetch routing on one connection to a broker's port: reads consumer fetches whole on
-    their way upstream, decides where each partition of the consumer's fetch session is served,
-    asks the leader for nothing of the partitions it redirects, and counts fetch bytes by
-    rack. Sets ``client.client_rack``."""
-
-    def __init__(self, host: FilterHost, routing: FetchRouting) -> None:
-        self.host = host
-        self.client = host.client
-        self.routing = routing
-        self._session = FetchSession()
-        self._rack_key: tuple[str, str] | None = None
-        self._route_key: tuple[Any, ...] | None = None
-        self._decisions: dict[PartitionKey, int] = {}
-
-    @staticmethod
-    def interests(api_key: int, api_version: int) -> Interest:
-        if api_key == _FETCH and api_version >= FIRST_VERSION:
-            return Interest.REQUEST_FRAME
-        return Interest.NONE
-
-    def request_frame(self, entry: InFlight, frame: bytes, patchable: bool) -> bytes | None:
-        """Where the replica selector sends partitions of this consumer's fetch session
-        elsewhere, have the response rewritten, and (``patchable``) return the request to
-        forward instead, asking the leader for nothing of them."""
-        if entry.answer is not None:  # answered by the proxy (a client posing as a follower)
-            return None
-        routing = self.routing
-        client = self.client
-        try:
-            header = parse_request_header(frame, 0, len(frame))
-            summary = parse_fetch_request(frame, header.size, entry.api_version)
-        except (IndexError, ValueError, struct.error):
-            routing.unparsed_requests += 1
-            return None
-        if not summary.from_consumer:  # Fetch v15+ carries the replica id in a tag
-            entry.follower = True
-            return None
-        cid = entry.client_id or ""
-        rack_key = (summary.rack_id, cid)
-        if rack_key != self._rack_key:
-            self._rack_key = rack_key
-            client.client_rack = routing.client_rack(summary, cid, client.peer_ip)
-        session = self._session
-        session.update(summary.session_epoch, summary.topics, summary.forgotten)
-        key = (routing.generation, client.client_rack, session.version, cid, client.user)
-        if key != self._route_key:
-            self._route_key = key
-            metadata = ClientMetadata(client.client_rack, cid, client.peer, client.user)
-            self._decisions = routing.decide(client.scope, metadata, session)
-        plan = routing.plan(cid, self._decisions, summary, session) if patchable else None
-        if plan is None:
-            if self._decisions:
-                entry.route = routing.chooser(cid, self._decisions)
-            return None
-        if plan.redirect:
-            entry.route = routing.chooser(cid, self._decisions, plan)
-        if not plan.patches:
-            return None
-        session.forwarded(summary.session_epoch, plan)
-        return ask_for_nothing(frame, summary, entry.api_version, plan.redirect,
-                               idle=plan.idle, close_session=plan.close_session)
-
-    def response_done(self, entry: InFlight) -> None:
-        if entry.api_key == _FETCH and not entry.follower:
-            self.routing.count_fetch(self.client.client_rack, self.client.scope,
-                                     entry.response_size)
-
-    def upstream_connected(self, ok: bool) -> None:
-        # unreachable: no consumer is sent to this broker for a while
-        self.routing.set_reachable(self.client.scope, ok)
-
-    def closed(self, reason: str) -> None:
-        if self.host.table and reason in ("upstream_closed", "upstream_error"):
-            # A broker does not drop connections with requests in flight unless it is going
-            # away: send no consumer to it for a while.
-            self.routing.set_reachable(self.client.scope, False)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from protocol.apis import ApiKey
 from protocol.correlation import InFlight
+from proxy.features.storage.watch import StorageWatch
 from proxy.filters.base import Filter, FilterHost, propose_throttle
-from proxy.storage_watch import StorageWatch
 from quota.entities import QuotaType
 
 _PRODUCE = int(ApiKey.PRODUCE)

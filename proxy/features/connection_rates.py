@@ -35,6 +35,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from config.schema import ListenerKindConfig, ListenersConfig, QuotasConfig
 from proxy.clock import now_ms
+from proxy.feature import Feature
 from proxy.logs import RateLimitedLog, get_logger
 from proxy.metrics import ProxyStats
 from quota.connection_rate import (
@@ -46,7 +47,9 @@ from quota.connection_rate import (
 from quota.entities import DEFAULT_NAME
 
 if TYPE_CHECKING:
+    from config.schema import ProxyConfig
     from proxy.admission import ConnectionSlots
+    from proxy.feature import Runtime
     from quota.connection_limits import Slot
 
 log = get_logger("kafka_quota_proxy.connection_rate")
@@ -74,11 +77,13 @@ class _Queue:
         default_factory=deque)
 
 
-class ConnectionRateGuard:
+class ConnectionRateGuard(Feature):
     """The rates of one proxy process, applied to the connections of every listener.
 
     ``room()``: whether a throttled connection may be held (a file descriptor each); when not,
     it is closed at once (``network.max_connections`` counts held connections)."""
+
+    name = "connection_rates"
 
     def __init__(self, stats: ProxyStats, clock: Callable[[], int] = now_ms,
                  room: Callable[[], bool] | None = None) -> None:
@@ -101,11 +106,14 @@ class ConnectionRateGuard:
                   kinds: list[tuple[str | None, ListenerKindConfig]] | None = None) -> None:
         """The ip entities of ``quotas`` (the YAML's with the altered ones over them) and
         the listener kinds' rates (None: as they are), applied to the live sensors."""
-        window = quotas.window
-        self.rates.configure(window.samples, window.size_seconds * 1000, ip_quotas(quotas))
+        self.reconfigure(quotas, self.clock())
         if kinds is not None:
-            self.kind_rates = {name: kind.max_connection_creation_rate for name, kind in kinds
-                               if kind.max_connection_creation_rate is not None}
+            self.configure_listeners(kinds)
+
+    def configure_listeners(self, kinds: list[tuple[str | None, ListenerKindConfig]]) -> None:
+        """The listener kinds' rates (``max_connection_creation_rate``)."""
+        self.kind_rates = {name: kind.max_connection_creation_rate for name, kind in kinds
+                           if kind.max_connection_creation_rate is not None}
 
     @property
     def active(self) -> bool:
@@ -117,8 +125,32 @@ class ConnectionRateGuard:
         """Throttled connections held open now."""
         return len(self._held)
 
-    def expire(self) -> None:
-        self.rates.expire(self.clock())
+    def expire(self, now_ms: int) -> int:
+        """The address sensors idle for an hour."""
+        return self.rates.expire(self.clock())
+
+    def state_entries(self) -> dict[str, int]:
+        return {"ip_rate_sensors": len(self.rates.ips)}
+
+    # ------------------------------------------------------------------ the proxy's feature
+    @classmethod
+    def make(cls, runtime: Runtime) -> ConnectionRateGuard:
+        """Held throttled connections keep their place in ``max_connections`` (a file
+        descriptor each)."""
+        guard = cls(runtime.stats)
+        guard.slots = runtime.slots
+        guard.configure(runtime.config.quotas, runtime.config.listeners.kinds())
+        return guard
+
+    def reload(self, config: ProxyConfig) -> None:
+        self.configure_listeners(config.listeners.kinds())
+
+    def reconfigure(self, quotas: QuotasConfig, now_ms: int) -> None:
+        window = quotas.window
+        self.rates.configure(window.samples, window.size_seconds * 1000, ip_quotas(quotas))
+
+    def draining(self) -> None:
+        self.close_all()
 
     # ------------------------------------------------------------------ the two steps
     def turn(self, admission: Admission, go: Callable[[], None],
