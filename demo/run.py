@@ -155,7 +155,7 @@ async def _run(seconds: float, out: Path) -> tuple[int, bool]:
                 config_path.write_text(text.replace(
                     f"producer_byte_rate: {ALICE_QUOTA}}}",
                     f"producer_byte_rate: {ALICE_RELOADED}}}"))
-                await proxy.reload_config()
+                await proxy.reloads.reload_config()
                 reloaded_at = elapsed
                 print(f">>> {config_path.name} edited: alice's quota {ALICE_QUOTA / 1e6:.1f} -> "
                       f"{ALICE_RELOADED / 1e6:.1f} MB/s, reloaded live", flush=True)

@@ -70,7 +70,8 @@ class InFlight:
         self.proxy_ms = 0.0
         # what the request holds of a quota budget until its response starts (pipelining)
         self.quota_reservation: Any = None
-        self.recorded: Any = None  # what the quotas recorded for it (``proxy.features.quotas.filter``)
+        # what the quotas recorded for it (``proxy.features.quotas.filter``)
+        self.recorded: Any = None
         self.capture_row: Any = None  # its capture row, waiting for the frame to end
         # Fetch: ``protocol.fetch.Chooser`` picking partitions' preferred_read_replica
         self.route: Any = None

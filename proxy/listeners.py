@@ -51,8 +51,12 @@ class StartupError(Exception):
     """The proxy cannot start (for instance a listen address is in use)."""
 
 
-class ListenerHost(ConnectionHost, Protocol):
+class ListenerHost(Protocol):
     """What a kind of listener uses of the proxy."""
+
+    @property
+    def connections(self) -> ConnectionHost:
+        """Admission, counts and drain of the connections."""
 
     config: ProxyConfig
     stats: ProxyStats
@@ -217,7 +221,7 @@ class ListenerKind:
         host = self.host
         config = host.config
         return ConnectionContext(
-            host=host, listener=listener, scope=scope, network=config.network,
+            host=host.connections, listener=listener, scope=scope, network=config.network,
             connect_timeout_seconds=config.upstream.connect_timeout_seconds,
             stats=host.stats, rewriter=self.listening,
             interests=InterestTable([addresses, *(cls.interests for cls, _ in made)]),

@@ -14,35 +14,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import resource
 import signal
 import ssl
-import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from config.errors import ConfigError
-from config.loading import load_config
 from config.schema import HostPort, ProxyConfig, QuotasConfig
 from proxy.admission import ConnectionSlots
 from proxy.bootstrap import BootstrapRoutes
 from proxy.clock import now_ms
 from proxy.cluster import OwnIdentity, fetch_brokers
 from proxy.cluster_topics import TopicReader
-from proxy.connection import ProxiedConnection
+from proxy.connections import Connections
 from proxy.feature import Feature
 from proxy.features import make_features
 from proxy.features.capture import CaptureError
-from proxy.features.connection_rates import ConnectionRateGuard, listeners_without_rates
+from proxy.features.connection_rates import ConnectionRateGuard
 from proxy.features.coordination import own_process_id
 from proxy.features.quota_admin import QuotaAdminFeature
 from proxy.features.topic_guard import TopicGuardFeature
 from proxy.filters.base import Filter, FilterFactory
-from proxy.listeners import BOOTSTRAP, ListenerKind, Server, StartupError
+from proxy.listeners import ListenerKind, Server, StartupError
 from proxy.logs import get_logger
 from proxy.memory import TRIM_AFTER_EXPIRED, trim_heap
 from proxy.metrics import ProxyStats, make_registry, serve_metrics
+from proxy.reload import ConfigReload
 from proxy.tls import (
     TlsFileError,
     client_context,
@@ -103,7 +100,6 @@ class Proxy:
         # the budgets every feature shares (quotas, storage, coordination, capture)
         self.quotas = QuotaEnforcer(config.quotas.settings(),
                                     int(config.quotas.sensor_idle_expiry_seconds * 1000))
-        self.connections: set[ProxiedConnection] = set()
         self.servers: dict[str, Server] = {}
         self.fd_limit = fd_limit()
         self.max_connections = config.network.max_connections or max(
@@ -114,11 +110,10 @@ class Proxy:
         self.slots = ConnectionSlots(self.stats, ConnectionLimits(
             self.max_connections, net.max_connections_per_ip,
             net.max_connections_per_ip_overrides))
-        self.draining = False
-        self._drained = asyncio.Event()
+        self.connections = Connections(self.stats, self.slots, net)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._past_drain: list[asyncio.Task[Any]] = []  # stopped after the drain
-        self._reload_lock = asyncio.Lock()
+        self.reloads = ConfigReload(self, config_path)
         self._metrics_server: asyncio.Server | None = None
         self._bootstrap_rr = 0
         self.cluster_reachable = asyncio.Event()
@@ -235,7 +230,7 @@ class Proxy:
             raise StartupError(str(exc)) from None
         self.spawn(self._refresh_loop())
         self.spawn(self._expire_loop())
-        self.spawn(self._sweep())
+        self.spawn(self.connections.sweep())
         self.spawn(self._watch_loop_lag())
         for kind in self.kinds:
             for watch in kind.watches():
@@ -243,7 +238,7 @@ class Proxy:
         if self.topics is not None:
             self.spawn_past_drain(self.topics.run())
         if self.config_path is not None and self.config.quotas.watch_seconds > 0:
-            self.spawn(self._watch_config())
+            self.spawn(self.reloads.watch())
         log.info(
             "proxy_started",
             bootstrap=str(self.config.listeners.bootstrap),
@@ -306,7 +301,7 @@ class Proxy:
 
     async def _refresh_loop(self) -> None:
         delay = 0.25
-        while not self.draining:
+        while not self.connections.draining:
             ok = await self.refresh_brokers()
             if ok:
                 delay = self.config.upstream.metadata_refresh_seconds
@@ -344,80 +339,19 @@ class Proxy:
             return None
         return int(server.sockets[0].getsockname()[1])
 
-    def reload(self) -> None:
-        """SIGHUP: reload in the background (see ``reload_config``)."""
-        self.spawn(self.reload_config())
-
-    async def reload_config(self) -> bool:
-        """Re-read the config file; apply its quotas to live budgets. The file is read and
-        parsed off the event loop, within the loader's bounds (size, nesting, aliases), so a
-        broken or hostile file costs clients nothing. Whatever goes wrong changes nothing, and
-        is logged and counted as a failed reload. Other sections need a restart to take
-        effect. Reloads run one at a time."""
-        if self.config_path is None:
-            return False
-        async with self._reload_lock:
-            try:
-                new = await asyncio.to_thread(load_config, self.config_path)
-                self._apply_reload(new)
-            except ConfigError as exc:
-                self.stats.reloads["failure"] += 1
-                log.error("config_reload_failed", file=self.config_path, errors=exc.errors)
-                return False
-            except Exception as exc:  # any failure is a failed reload
-                self.stats.reloads["failure"] += 1
-                log.error("config_reload_failed", file=self.config_path,
-                          errors=[f"{type(exc).__name__}: {exc}"[:500]])
-                return False
-        return True
-
-    def _apply_reload(self, new: ProxyConfig) -> None:
-        ignored = [name for name in ProxyConfig.model_fields
-                   if name != "quotas" and getattr(new, name) != getattr(self.config, name)]
-        if "listeners" in ignored and (listeners_without_rates(new.listeners)
-                                       == listeners_without_rates(self.config.listeners)):
-            ignored.remove("listeners")  # only max_connection_creation_rate: applied live
-        changed = new.quotas != self.config.quotas
-        for feature in self.features:
-            feature.reload(new)
-        self.config = self.config.model_copy(update={"quotas": new.quotas})
-        if changed:
-            self._reconfigure()
-        self.stats.reloads["success"] += 1
-        log.info("config_reloaded", file=self.config_path,
-                 quota_entities=len(new.quotas.entities),
-                 **({"restart_needed_for": ignored} if ignored else {}))
-
     def quotas_changed(self) -> None:
         """Quotas altered (through this proxy or another): the YAML's with them over it."""
-        self._reconfigure()
+        self.reconfigure()
         log.info("quota_overrides_applied",
                  overrides=sum(len(v) for v in self.quota_admin.overrides.values()),
                  quota_generation=self.quotas.generation)
 
-    def _reconfigure(self) -> None:
+    def reconfigure(self) -> None:
+        """The quotas in force changed (a reload, or altered ones): every feature takes
+        them."""
         merged, now = self.effective_quotas(), now_ms()
         for feature in self.features:
             feature.reconfigure(merged, now)
-
-    async def _watch_config(self) -> None:
-        """Reload when the config file changes (polled; SIGHUP also reloads)."""
-        assert self.config_path is not None
-
-        def signature() -> tuple[int, int] | None:
-            try:
-                st = os.stat(self.config_path)  # type: ignore[arg-type]
-            except OSError:
-                return None
-            return st.st_mtime_ns, st.st_size
-
-        seen = signature()
-        while True:
-            await asyncio.sleep(self.config.quotas.watch_seconds or 2.0)
-            current = signature()
-            if current is not None and current != seen:
-                seen = current
-                await self.reload_config()  # never raises: every failure is counted
 
     async def wait_listening(self) -> None:
         """Wait until every known broker's listener is serving."""
@@ -425,25 +359,6 @@ class Proxy:
             await asyncio.sleep(0.01)
 
     # ------------------------------------------------------------------ connections
-    def admit(self, conn: ProxiedConnection, transport: asyncio.BaseTransport) -> bool:
-        """Whether a client that just connected may stay. Connections that went through steps
-        at accept (PROXY header, TLS handshake, connection rates) hold their slot already;
-        others take one now: past ``max_connections``, or from an address that holds
-        ``max_connections_per_ip`` already, it is refused at once (closed, logged at most once
-        a second with the count, counted), so that file descriptors remain for upstream
-        connections and the metrics endpoint."""
-        slots = self.slots
-        if slots.of(conn) is not None:
-            return True
-        slot = slots.take(conn.listener)
-        if slot is None:
-            return False
-        peer = transport.get_extra_info("peername")
-        if not slots.claim(slot, peer[0] if peer else None, conn.listener):
-            return False
-        slots.assign(slot, conn)
-        return True
-
     async def _watch_loop_lag(self, every: float = 0.1) -> None:
         """``kafka_proxy_event_loop_lag_seconds``: how late a timer due every ``every``
         seconds fires, which is how long anything ready waits for the loop."""
@@ -453,57 +368,11 @@ class Proxy:
             await asyncio.sleep(every)
             self.stats.observe_loop_lag(max(loop.time() - due, 0.0))
 
-    async def _sweep(self) -> None:
-        """Close connections that stall: a request header not read within
-        ``request_header_timeout_seconds`` of the request's first byte, a request not read
-        whole within ``request_read_timeout_seconds``, nothing in flight and no bytes either
-        way for ``connections_max_idle_seconds`` (Kafka's ``connections.max.idle.ms``)."""
-        net = self.config.network
-        header_s, read_s = net.request_header_timeout_seconds, net.request_read_timeout_seconds
-        idle_s = net.connections_max_idle_seconds
-        interval = min(1.0, header_s / 4, read_s / 4, idle_s / 4 if idle_s else 1.0)
-        while True:
-            await asyncio.sleep(interval)
-            now = time.monotonic()
-            for conn in list(self.connections):
-                started = conn.frame_started
-                if started is not None:
-                    if conn.requests.reading_header and now - started >= header_s:
-                        conn.close("request_header_timeout", side="client",
-                                   detail=f"request header not read within {header_s:g} s")
-                    elif now - started >= read_s:
-                        conn.close("request_read_timeout", side="client",
-                                   detail=f"request not read within {read_s:g} s")
-                elif idle_s and conn.idle and now - conn.last_active >= idle_s:
-                    conn.close("idle_timeout")
-
-    def connection_opened(self, conn: ProxiedConnection) -> None:
-        self.connections.add(conn)
-        kind = BOOTSTRAP if conn.listener.endswith(BOOTSTRAP) else "broker"
-        self.stats.connections_open[kind] += 1
-        self.stats.connections_total[kind] += 1
-        if self.draining:
-            conn.close("shutdown")
-
-    def connection_closed(self, conn: ProxiedConnection, reason: str) -> None:
-        self.slots.release_owner(conn)
-        if conn in self.connections:
-            self.connections.discard(conn)
-            kind = BOOTSTRAP if conn.listener.endswith(BOOTSTRAP) else "broker"
-            self.stats.connections_open[kind] -= 1
-        self.stats.closed[reason] += 1
-        if self.draining:
-            self._check_drained()
-
-    def _check_drained(self) -> None:
-        if not self.connections:
-            self._drained.set()
-
     # ------------------------------------------------------------------ shutdown
     async def shutdown(self) -> None:
-        if self.draining:
+        if self.connections.draining:
             return
-        self.draining = True
+        self.connections.draining = True  # (a second call returns at once)
         log.info("proxy_stopping", connections=len(self.connections))
         for server in self.servers.values():
             server.close()
@@ -513,19 +382,7 @@ class Proxy:
             self._metrics_server.close()
         for task in list(self._tasks):
             task.cancel()
-        # Stop reading new requests; idle connections close now, busy ones when answered.
-        for conn in list(self.connections):
-            conn.client_gate.pause("shutdown")
-            if conn.idle:
-                conn.finish()
-        self._check_drained()
-        timeout = self.config.network.shutdown_timeout_seconds
-        try:
-            await asyncio.wait_for(self._drained.wait(), timeout)
-        except TimeoutError:
-            log.warning("shutdown_timeout", connections=len(self.connections))
-            for conn in list(self.connections):
-                conn.close("shutdown_timeout")
+        await self.connections.drain()
         for server in self.servers.values():
             with contextlib.suppress(Exception):
                 await server.wait_closed()
@@ -563,6 +420,7 @@ async def run_proxy(config: ProxyConfig, stop: asyncio.Event,
         report_ready(worker[1], proxy.metrics_port)
     if config_path is not None:
         with contextlib.suppress(NotImplementedError, RuntimeError):
-            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, proxy.reload)
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP,
+                                                          proxy.reloads.reload)
     await stop.wait()
     await proxy.shutdown()

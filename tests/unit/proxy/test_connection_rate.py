@@ -182,7 +182,7 @@ quotas:
     proxy = Proxy(parse_config(base % ("", 5)))
     rates = proxy.connection_rates
     assert rates.active and rates.kind_rates == {} and rates.rates.ip_quotas.default == 5
-    proxy._apply_reload(parse_config(base % (", max_connection_creation_rate: 7", 6)))
+    proxy.reloads.apply(parse_config(base % (", max_connection_creation_rate: 7", 6)))
     assert rates.kind_rates == {None: 7} and rates.rates.ip_quotas.default == 6
     assert proxy.stats.reloads["success"] == 1
     proxy.quota_admin.admin.overrides = {(("ip", "10.0.0.1"),): {"connection_creation_rate": 2.0}}
