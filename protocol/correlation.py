@@ -21,7 +21,6 @@ class InFlight:
         "answer",
         "api_key",
         "api_version",
-        "capture_row",
         "client_id",
         "correlation_id",
         "exempt",
@@ -31,7 +30,6 @@ class InFlight:
         "local",
         "partitions",
         "proxy_ms",
-        "quota_reservation",
         "recorded",
         "refused",
         "request_size",
@@ -68,11 +66,8 @@ class InFlight:
         # the I/O layer's own time reading and forwarding it (ms; what a request quota charges
         # besides the broker's estimated work: ``quota.request_time``)
         self.proxy_ms = 0.0
-        # what the request holds of a quota budget until its response starts (pipelining)
-        self.quota_reservation: Any = None
         # what the quotas recorded for it (``proxy.features.quotas.filter``)
         self.recorded: Any = None
-        self.capture_row: Any = None  # its capture row, waiting for the frame to end
         # Fetch: ``protocol.fetch.Chooser`` picking partitions' preferred_read_replica
         self.route: Any = None
         # Produce: the storage scale in force when the I/O layer read the request

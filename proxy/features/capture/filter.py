@@ -3,7 +3,7 @@ order the quotas recorded them, with what they recorded; the rows go to ``Captur
 files written off the event loop).
 
 A row is built when the quotas record its request (its response starts; an acks=0 Produce when
-it is read) and takes its sequence number then. A Fetch's row waits (``entry.capture_row``) for
+it is read) and takes its sequence number then. A Fetch's row waits (``CaptureFilter._waiting``) for
 its response to complete, as the stream measures its partitions on the way; an acks=0 Produce's
 for the rest of its frame (walked for its partitions).
 """
@@ -34,6 +34,9 @@ class CaptureFilter(Filter):
         self.client = host.client
         self.capture = capture
         self.quotas = quotas
+        # rows waiting for their request's partitions: a Fetch's response, an acks=0
+        # Produce's frame
+        self._waiting: dict[InFlight, CaptureRow] = {}
 
     @staticmethod
     def interests(api_key: int, api_version: int) -> Interest:
@@ -49,7 +52,7 @@ class CaptureFilter(Filter):
             self._row(entry, recorded[0] if recorded is not None else now_ms(), -1.0)
 
     def request_measured(self, entry: InFlight) -> None:
-        if entry.capture_row is not None:  # acks=0: its row waited for the frame
+        if entry in self._waiting:  # acks=0: its row waited for the frame
             self._complete(entry)
 
     def response(self, entry: InFlight, now_ms: int, elapsed_ms: float) -> None:
@@ -57,13 +60,13 @@ class CaptureFilter(Filter):
             self._row(entry, now_ms, elapsed_ms)
 
     def response_done(self, entry: InFlight) -> None:
-        if entry.api_key == _FETCH and entry.capture_row is not None:
+        if entry.api_key == _FETCH and entry in self._waiting:
             self._complete(entry)
 
     def closed(self, reason: str) -> None:
         host = self.host
         for cut_short in (host.responses.in_progress, host.requests.measuring):
-            if cut_short is not None and cut_short.capture_row is not None:
+            if cut_short is not None and cut_short in self._waiting:
                 cut_short.partitions = None
                 self._complete(cut_short)
 
@@ -111,14 +114,14 @@ class CaptureFilter(Filter):
             partitions=_partition_rows(entry.partitions),
         )
         if (entry.api_key == _FETCH and answered) or entry is self.host.requests.measuring:
-            entry.capture_row = row
+            self._waiting[entry] = row
         else:
             capture.record(row)
 
     def _complete(self, entry: InFlight) -> None:
         """The row of a Fetch whose response has completed, or of an acks=0 Produce whose
         frame has (or of either, cut short)."""
-        row, entry.capture_row = entry.capture_row, None
+        row = self._waiting.pop(entry)
         self.capture.record(row._replace(partitions=_partition_rows(entry.partitions)))
 
 

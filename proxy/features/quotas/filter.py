@@ -16,13 +16,14 @@ from proxy.filters.base import Filter, FilterHost, propose_throttle
 from proxy.metrics import ProxyStats
 from quota.enforcer import QuotaEnforcer
 from quota.entities import QuotaType
+from quota.manager import Sensor
 from quota.recording import record_request
 from quota.throttle import throttle_time_ms
 
 _PRODUCE = int(ApiKey.PRODUCE)
 _FETCH = int(ApiKey.FETCH)
 _NO_LIMITS: frozenset[QuotaType] = frozenset()
-_FETCHING = object()  # InFlight.quota_reservation of a consumer Fetch of a client with a quota
+_FETCHING = object()  # what a consumer Fetch of a client with a quota holds (``_reserved``)
 # How soon a held first request asks again whether its budget is back within its quota
 _RECHECK_MIN_MS = 10
 _RECHECK_MAX_MS = 1000
@@ -41,6 +42,9 @@ class QuotaFilter(Filter):
         self._limits_key: tuple[int, int, str | None, str] = (-1, -1, None, "")
         self._limits: frozenset[QuotaType] = _NO_LIMITS
         self._fetching = 0  # consumer Fetch requests awaiting their response
+        # what each request of a client with a quota holds until its response starts: its
+        # produce sensor's in-flight bytes, or a place among the fetches (``headroom``)
+        self._reserved: dict[InFlight, Sensor | object] = {}
         # The quota types this connection has forwarded a request of (see ``hold``)
         self._joined: set[QuotaType] = set()
 
@@ -159,16 +163,15 @@ class QuotaFilter(Filter):
                 sensor = self.quotas.manager(client.scope).sensor(
                     QuotaType.PRODUCE, client.user, entry.client_id or "", _now_ms())
                 sensor.in_flight += entry.request_size - 4
-                entry.quota_reservation = sensor
+                self._reserved[entry] = sensor
         elif entry.api_key == _FETCH:  # (a client posing as a follower is no exception)
             self._fetching += 1
-            entry.quota_reservation = _FETCHING
+            self._reserved[entry] = _FETCHING
 
-    def _release(self, entry: InFlight) -> None:
-        held, entry.quota_reservation = entry.quota_reservation, None
+    def _release(self, entry: InFlight, held: Sensor | object) -> None:
         if held is _FETCHING:
             self._fetching -= 1
-        elif held is not None:
+        elif isinstance(held, Sensor):
             held.in_flight -= entry.request_size - 4
 
     def _acks0_produce(self, entry: InFlight) -> None:
@@ -193,8 +196,10 @@ class QuotaFilter(Filter):
     def response(self, entry: InFlight, now_ms: int, elapsed_ms: float) -> None:
         """Record this response's quotas (``quota.recording``, the rule the replays use);
         propose the throttle if one is violated."""
-        if entry.quota_reservation is not None:
-            self._release(entry)
+        if self._reserved:
+            held = self._reserved.pop(entry, None)
+            if held is not None:
+                self._release(entry, held)
         quotas = self.quotas
         if not quotas.active or entry.exempt:  # (Kafka's authenticator records nothing)
             return
@@ -218,6 +223,7 @@ class QuotaFilter(Filter):
             propose_throttle(entry, request, QuotaType.REQUEST)
 
     def closed(self, reason: str) -> None:
-        for entry in self.host.table.entries():
-            if entry.quota_reservation is not None:
-                self._release(entry)
+        # (every request still holding something: in flight, or dropped with a refusal)
+        reserved, self._reserved = self._reserved, {}
+        for entry, held in reserved.items():
+            self._release(entry, held)

@@ -19,7 +19,7 @@ def test_inflight_fields_and_defaults():
     assert (e.api_key, e.api_version, e.correlation_id, e.client_id) == (1, 16, 7, None)
     assert (e.request_size, e.expects_response) == (123, False)
     assert e.response_size == 0
-    assert (e.forwarded_at, e.quota_reservation, e.capture_row) == (0.0, None, None)
+    assert (e.forwarded_at, e.recorded, e.route, e.refused) == (0.0, None, None, None)
     e.forwarded_at = 1.5  # set by the I/O layer
     e.response_size = 99
     assert (e.forwarded_at, e.response_size) == (1.5, 99)
