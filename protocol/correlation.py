@@ -7,9 +7,17 @@ proxy must remember. Produce with ``acks=0`` gets no response and is never enter
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from protocol.errors import CorrelationError
+
+if TYPE_CHECKING:
+    from protocol.fetch import Chooser
+    from protocol.incremental import PartitionBytes
+
+# what the quotas recorded for a request: (quota_ms, request_time_ms, produce_throttle_ms,
+# fetch_throttle_ms, request_throttle_ms)
+Recorded = tuple[int, float, int, int, int]
 
 
 class InFlight:
@@ -67,13 +75,13 @@ class InFlight:
         # besides the broker's estimated work: ``quota.request_time``)
         self.proxy_ms = 0.0
         # what the quotas recorded for it (``proxy.features.quotas.filter``)
-        self.recorded: Any = None
+        self.recorded: Recorded | None = None
         # Fetch: ``protocol.fetch.Chooser`` picking partitions' preferred_read_replica
-        self.route: Any = None
+        self.route: Chooser | None = None
         # Produce: the storage scale in force when the I/O layer read the request
         self.storage_scale: float | None = None
         # Produce when read, Fetch when measured: [(topic, partition, bytes of record batches)]
-        self.partitions: Any = None
+        self.partitions: PartitionBytes | None = None
         # a request the proxy answers itself (``Interest.ANSWERED``): its response frame
         # (without size prefix); or, set on a response, the frame that replaces the broker's
         self.answer: bytes | None = None
@@ -82,7 +90,7 @@ class InFlight:
         self.local = False
         # what a filter took out of the request before forwarding it (the topic guard's
         # refused topics), for the rewriter's ``amend`` to put their results in the response
-        self.refused: Any = None
+        self.refused: object = None
 
     def __repr__(self) -> str:
         return (

@@ -402,12 +402,13 @@ class ResponseRewriter:
 
     def _route(self, entry: InFlight, frame: bytes | memoryview) -> bytes | None:
         """Set ``preferred_read_replica`` where ``entry.route`` picks a replica."""
+        route = entry.route
+        assert route is not None
         try:
             header = parse_response_header(
                 frame, 0, len(frame), apis.response_header_version(entry.api_key,
                                                                    entry.api_version))
-            new, _ = set_preferred_read_replicas(frame, header.size, entry.api_version,
-                                                 entry.route)
+            new, _ = set_preferred_read_replicas(frame, header.size, entry.api_version, route)
         except (IndexError, ValueError, struct.error) as exc:
             raise UndecodableResponse(
                 f"Fetch v{entry.api_version} response does not parse: {exc!r}") from None
