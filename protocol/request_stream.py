@@ -47,6 +47,7 @@ class RequestStream:
         "_remaining",
         "_table",
         "_watch",
+        "_watch_start",
         "_watching",
         "_whole",
         "_whole_until",
@@ -56,6 +57,7 @@ class RequestStream:
         "measured",
         "next_client_id",
         "watched",
+        "watched_at",
     )
 
     def __init__(
@@ -104,10 +106,16 @@ class RequestStream:
         # follows each Produce frame as it passes; the bytes it asks to spoil are changed
         # before they are forwarded. ``(entry, watch)`` is appended to ``watched`` when the
         # frame ended naming a topic the watch refused, or as soon as it stops parsing (the
-        # caller empties it, and must close the connection on ``watch.failed``).
+        # caller empties it, and must not let the rest of a frame whose watch failed go
+        # upstream). ``watched_at``: where each frame appended to ``watched`` by the last
+        # ``feed`` starts (after its size prefix) in the bytes that ``feed`` returned, by
+        # ``id(entry)``, when it started there (absent: its first bytes were returned by an
+        # earlier ``feed``); ``_watch_start``: the same for the frame being watched (-1).
         self._watch = watch_produce
         self._watching: tuple[InFlight, Any] | None = None
+        self._watch_start = -1
         self.watched: list[tuple[InFlight, Any]] = []
+        self.watched_at: dict[int, int] = {}
         # Every request is gated by its own header: frames are read only while their
         # client-id (null read as "") is ``client_id``; a read stops before a frame of another
         # (held, not forwarded) and names it in ``next_client_id``, for the caller to judge
@@ -212,6 +220,9 @@ class RequestStream:
         if stop_after_frame:
             max_frames = 1
         events: list[InFlight] = []
+        self._watch_start = -1  # (a frame watched since an earlier feed began there)
+        if self.watched_at:
+            self.watched_at = {}
         progress, self._progress = self._progress, None
         if self._held:
             data = self._held + data
@@ -331,6 +342,7 @@ class RequestStream:
                 self._measure_more(data, limit, pos + 4, end > n)
             if self._watch is not None and api_key == _PRODUCE:
                 self._watching = (entry, self._watch(header.api_version))
+                self._watch_start = pos + 4
                 self._watch_more(data, limit, pos + 4, end > n)
             if end > n:
                 self._remaining = end - n
@@ -416,11 +428,16 @@ class RequestStream:
         if self._remaining if more is None else more:
             if watch.failed:
                 self._watching = None
-                self.watched.append((entry, watch))
+                self._watched(entry, watch)
             return
         self._watching = None
         if watch.refused or watch.failed or not watch.done:
-            self.watched.append((entry, watch))
+            self._watched(entry, watch)
+
+    def _watched(self, entry: InFlight, watch: Any) -> None:
+        self.watched.append((entry, watch))
+        if self._watch_start >= 0:
+            self.watched_at[id(entry)] = self._watch_start
 
     def _capture_more(self, data: bytes, upto: int) -> None:
         """The next ``upto`` bytes of ``data`` continue the frame being captured."""

@@ -413,14 +413,20 @@ class ProxiedConnection(asyncio.Protocol):
 
     def _handle_requests(self, forward: Buffer | bytearray, events: list[InFlight]) -> None:
         chain = self.chain
-        if self.requests.captured:
-            captured, self.requests.captured = self.requests.captured, []
-            patched = patch_captured(self.requests, forward, events, captured,
-                                     self._request_frame, self._refused)
+        requests = self.requests
+        if requests.captured or requests.watched:
+            # (Produce frames followed as they passed: naming a guarded topic, or not parsed)
+            captured, requests.captured = requests.captured, []
+            watched, requests.watched = requests.watched, []
+            patched = patch_captured(requests, forward, events, captured,
+                                     self._request_frame, self._refused, watched,
+                                     self._watcher.produce_watched if watched else None)
             if patched is None:  # a request refused where it cannot be cut out
                 refusing = self._refusing
                 assert refusing is not None
-                self.close(refusing[1], detail=refusing[2], side="client")
+                self.close(refusing[1], side="client",
+                           detail=f"{refusing[2]} (closed at once: part of the frame went "
+                                  "upstream with an earlier read)")
                 return
             forward = patched
             if self._refusing is not None:
@@ -451,10 +457,6 @@ class ProxiedConnection(asyncio.Protocol):
                     hook(entry)
             if self.closed:  # a filter refused the request: nothing more goes upstream
                 return
-        if self.requests.watched:  # Produce frames naming a guarded topic (spoiled)
-            watched, self.requests.watched = self.requests.watched, []
-            for entry, watch in watched:
-                self._watcher.produce_watched(entry, watch)
         if forward and not self.closed:  # (closed: a filter refused what it cannot rewrite)
             upstream = self.upstream
             if upstream is None:  # read while connecting: uvloop starts reading after
@@ -498,6 +500,7 @@ class ProxiedConnection(asyncio.Protocol):
         if self.closed or self._refusing is not None:
             return
         self._refusing = (entry, reason, detail)
+        self.frame_started = None  # no frame is read any further: none to time out
         # What the client sends from now on is read and discarded (``_read_requests``): a
         # client that hangs up is seen at once
         self.client_gate.open()
@@ -575,7 +578,7 @@ class ProxiedConnection(asyncio.Protocol):
         self._client_gone(exc)
 
     def _client_gone(self, exc: Exception | None) -> None:
-        if self.requests.mid_frame:
+        if self.requests.mid_frame and self._refusing is None:  # (refusing: nothing more read)
             self.close(
                 "truncated_frame",
                 side="client",
@@ -719,6 +722,8 @@ def patch_captured(requests: RequestStream, forward: Buffer | bytearray, events:
                    captured: list[tuple[InFlight, bytes]],
                    visit: Callable[[InFlight, bytes, bool], bytes | None],
                    refused: Callable[[InFlight], bool] = lambda entry: False,
+                   watched: list[tuple[InFlight, Any]] | None = None,
+                   produce: Callable[[InFlight, Any], None] | None = None,
                    ) -> Buffer | bytearray | None:
     """The requests captured whole on their way upstream, each given to ``visit(entry, frame,
     patchable)``; a frame ``visit`` replaces is patched in ``forward`` when its whole frame is
@@ -727,7 +732,13 @@ def patch_captured(requests: RequestStream, forward: Buffer | bytearray, events:
     ``visit`` refused (``refused(entry)``) is cut out with everything after it (None when its
     whole frame is not there to cut at: part of it may have gone upstream already). A frame
     ``visit`` answered (``entry.answer`` set) is taken out, its entry marked ``local``: its
-    answer goes to the client in order among the broker's responses (``ResponseStream``)."""
+    answer goes to the client in order among the broker's responses (``ResponseStream``).
+
+    ``watched``: the Produce frames a watch followed as they passed (``RequestStream``'s
+    ``watched``), each given to ``produce(entry, watch)`` in its place among the captured
+    frames (in the order their requests were read); one ``produce`` refused is cut out with
+    everything after it the same way, from where it starts (``RequestStream.watched_at``;
+    None when it started in an earlier read: its first bytes are upstream already)."""
     table = requests.table
     starts: dict[int, int] = {}
     if not (requests.mid_frame and not requests.buffered):
@@ -738,7 +749,25 @@ def patch_captured(requests: RequestStream, forward: Buffer | bytearray, events:
             starts[id(event)] = end + 4
     patches: list[tuple[int, int, bytes]] = []
     offsets, requests.captured_at = requests.captured_at, {}
-    for entry, frame in captured:
+    visits: list[tuple[InFlight, Any, bool]] = [(entry, frame, False) for entry, frame in captured]
+    produce_at: dict[int, int] = {}
+    if watched:
+        assert produce is not None
+        produce_at, requests.watched_at = requests.watched_at, {}
+        order = {id(entry): i for i, entry in enumerate(events)}  # (-1: begun in an earlier read)
+        visits += [(entry, watch, True) for entry, watch in watched]
+        visits.sort(key=lambda v: order.get(id(v[0]), -1))  # (stable)
+    for entry, frame, is_watch in visits:
+        if is_watch:
+            assert produce is not None
+            produce(entry, frame)
+            if refused(entry):
+                at = produce_at.get(id(entry), -1)
+                if at < 4:
+                    return None
+                forward = forward[: at - 4]
+                break
+            continue
         at = offsets.get(id(entry), starts.get(id(entry), -1))
         whole = at >= 4 and forward[at : at + len(frame)] == frame
         patched = visit(entry, frame, whole)

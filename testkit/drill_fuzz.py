@@ -31,6 +31,7 @@ import collections
 import contextlib
 import dataclasses
 import datetime
+import json
 import random
 import string
 import struct
@@ -884,8 +885,9 @@ class Fuzzer:
         if frame.effect == FRAMING:
             return 2.0
         if frame.effect == BODY and frame.api_key in (apis.ApiKey.FETCH, apis.ApiKey.PRODUCE):
-            # a damaged follower fetch is refused (nothing after it is read), a Produce the
-            # topic guard cannot follow closes the connection at once
+            # a damaged follower fetch, or a Produce the topic guard cannot follow, is refused
+            # (nothing after it is read; the connection closes at once where the Produce's
+            # first bytes went upstream with an earlier read)
             return 1.5
         key = (frame.api_key, frame.version, frame.effect)
         return (self.ended[key] + 0.5) / (self.ended[key] + self.answered[key] + 1)
@@ -1043,6 +1045,24 @@ def _closes(metrics: dict[str, float], before: dict[str, float]) -> dict[str, in
             if k.startswith(prefix) and v - before.get(k, 0) > 0}
 
 
+def _produce_closes_at_once(log: Path) -> int:
+    """Connections closed at once on a Produce the topic guard refused, from the proxy's log:
+    its first bytes had gone upstream with an earlier read, so it could not be cut out."""
+    if not log.exists():
+        return 0
+    n = 0
+    with log.open(errors="replace") as lines:
+        for line in lines:
+            if '"connection_closed"' not in line or "closed at once" not in line:
+                continue
+            try:
+                detail = str(json.loads(line).get("detail", ""))
+            except ValueError:
+                continue
+            n += detail.startswith("Produce")
+    return n
+
+
 def run(frames: int = 1_000_000, seconds_cap: float = 1200.0, seed: int = 1,
         workers: int = 16, good_rate: float = 500.0, fresh_client_ids: float = 0.2,
         workdir: Path | None = None) -> dict[str, Any]:
@@ -1086,6 +1106,12 @@ def run(frames: int = 1_000_000, seconds_cap: float = 1200.0, seed: int = 1,
         finally:
             proxy.stop()
     lag = loop_lag(during, before)
+    # Produce frames the topic guard refused (one its walk cannot follow, or below v3 naming a
+    # guarded topic): cut out after what came before them was answered, or closed at once
+    guarded = 'kafka_proxy_guarded_topic_connections_closed_total{reason="'
+    refused = sum(_total(after, before, f'{guarded}{reason}"}}')
+                  for reason in ("produce_unparsed", "produce_version"))
+    at_once = _produce_closes_at_once(proxy.log_path)
     close_s = sorted(fuzzer.must_close_s)
     counts = fuzzer.counts
     mutated = sum(n for k, n in fuzzer.kinds.items() if k != "valid")
@@ -1126,6 +1152,8 @@ def run(frames: int = 1_000_000, seconds_cap: float = 1200.0, seed: int = 1,
         "fds_end": process["fds_end"],
         "fds_settle_s": round(settle_s, 1),
         "responses": counts["responses"],
+        "produce_refused": refused - at_once,
+        "produce_closed_at_once": at_once,
         "correlation_errors": counts["correlation_errors"],
         "bad_response_frames": counts["bad_response_frames"],
         "address_answers_decoded": counts["address_answers_decoded"],

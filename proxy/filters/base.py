@@ -76,10 +76,11 @@ class FilterHost(Protocol):
         """Close the connection, logged with ``reason`` (nothing more is forwarded)."""
 
     def refuse(self, entry: InFlight, reason: str, detail: str) -> None:
-        """A request (whose whole frame a ``request_frame`` hook was given) that must not go
-        upstream and that the proxy cannot answer: it and whatever was read after it are
-        dropped, the requests before it answered, then the connection closes, logged with
-        ``reason`` (at once where the frame cannot be cut out)."""
+        """A request (whose whole frame a ``request_frame`` hook was given, or a Produce frame
+        a watch followed) that must not go upstream and that the proxy cannot answer: it and
+        whatever was read after it are dropped, the requests before it answered, then the
+        connection closes, logged with ``reason`` (at once where the frame cannot be cut out:
+        part of it went upstream with an earlier read)."""
 
     def retire(self, f: Filter, hooks: tuple[str, ...]) -> None:
         """``f`` needs these hooks no more on this connection (``FilterChain.retire``)."""

@@ -2,7 +2,9 @@
 
 - Produce: never held nor decoded; ``protocol.topic_guard.ProduceTopics`` follows each frame
   as it passes and spoils a guarded topic's name (or id) before it goes upstream; the
-  response's result for it becomes TOPIC_AUTHORIZATION_FAILED.
+  response's result for it becomes TOPIC_AUTHORIZATION_FAILED. A frame the walk cannot
+  follow, or below v3 naming a guarded topic, is refused as below (at once where its first
+  bytes went upstream with an earlier read).
 - Every other API whose requests name topics (``protocol.topic_fields.HANDLING``, derived
   from kio's schemas): the frame is read whole (up to 1 MiB) and searched for the guarded
   names and ids; only a frame that holds one is decoded. The request goes on without the
@@ -72,19 +74,30 @@ class TopicGuardFilter(Filter):
         return ProduceTopics(version, self.guard.topics)
 
     def produce_watched(self, entry: InFlight, watch: ProduceTopics) -> None:
-        """A Produce frame followed to its end named a guarded topic, or did not parse."""
+        """A Produce frame followed to its end named a guarded topic, or did not parse.
+
+        One that does not parse (what follows it cannot be checked), or of a version below 3
+        naming a guarded topic with acks (no schema to answer it with), is refused
+        (``FilterHost.refuse``), as Kafka closes on a request it cannot handle after
+        answering what came before it: the frame and whatever was read after it are cut out
+        of what goes upstream, the requests before it answered, then the connection closes.
+        The frame is cut from its first byte, which must be in the read being forwarded: the
+        common case, a frame read whole or whose failure shows in the read it began in. Where
+        its first bytes went upstream with an earlier read (a frame split across reads), the
+        broker holds part of it and the connection closes at once (the connection's doing:
+        ``patch_captured``)."""
         guard = self.guard
         if watch.failed or not watch.done:
             guard.closed["produce_unparsed"] = guard.closed.get("produce_unparsed", 0) + 1
-            self.host.close("malformed_frame", side="client",
-                            detail="Produce request does not parse (topic guard)")
+            self.host.refuse(entry, "malformed_frame",
+                             "Produce request does not parse (topic guard)")
             return
         guard.count("produce")
         log.warning("guarded_topic_refused", api="produce", principal=self.host.client.user,
                     client_id=entry.client_id,
                     topics=[n or str(i) for n, i, _ in watch.refused])
         if entry.api_version < 3 and entry.expects_response:  # (no schema to answer with)
-            self._close(entry, "produce_version", at_once=True)  # (no whole frame to cut)
+            self._close(entry, "produce_version")
             return
         entry.refused = Produce(watch.refused)
 
@@ -171,14 +184,11 @@ class TopicGuardFilter(Filter):
             self._close(entry, "replica_fetch_unread")
         return None
 
-    def _close(self, entry: InFlight, reason: str, at_once: bool = False) -> None:
+    def _close(self, entry: InFlight, reason: str) -> None:
         """Refuse the request: the connection answers what came before it, then closes."""
         guard = self.guard
         guard.closed[reason] = guard.closed.get(reason, 0) + 1
         detail = (f"{apis.api_name(entry.api_key)} v{entry.api_version} names a topic of the "
                   f"proxy and cannot be rewritten ({reason})")
-        if at_once:
-            self.host.close("guarded_topic", detail=detail, side="client")
-        else:
-            self.host.refuse(entry, "guarded_topic", detail)
+        self.host.refuse(entry, "guarded_topic", detail)
 

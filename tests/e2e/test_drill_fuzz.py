@@ -31,11 +31,10 @@ def test_fuzz_bounded(tmp_path: Path) -> None:
     assert figures["proxy_alive"] and figures["proxy_crashes"] == 0
     assert figures["tracebacks"] == 0 and figures["internal_errors"] == 0
     # What the fuzz clients saw: answers in order, well formed, with the proxy's addresses.
-    # (1,270-4,205 in the last runs: a damaged Produce the topic guard cannot follow closes
-    # its connection at once, and the answers to what was pipelined before it are lost with
-    # it; issue 27's notes: refuse it after those answers, as other refusals do, then this
-    # goes back to 2,000)
-    assert figures["responses"] > 1_000
+    # (a Produce the topic guard cannot follow is refused as other requests are: what was
+    # pipelined before it is answered, unless its first bytes went upstream with an earlier
+    # read, where its connection closes at once)
+    assert figures["responses"] > 2_000
     assert figures["correlation_errors"] == 0 and figures["bad_response_frames"] == 0
     assert figures["address_answers_decoded"] > 100
     assert figures["upstream_addresses_leaked"] == 0

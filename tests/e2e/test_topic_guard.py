@@ -388,3 +388,42 @@ def test_a_refused_request_closes_after_what_came_before_it_is_answered(
     assert closed.get(
         'kafka_proxy_guarded_topic_connections_closed_total{reason="replica_fetch_unread"}',
         0) >= 1, {k: v for k, v in closed.items() if "guarded" in k}
+
+
+@pytest.mark.parametrize("kind", ["unparsed", "guarded_v2"])
+def test_a_refused_produce_closes_after_what_came_before_it_is_answered(
+        tansu: TansuBroker, guarded_proxy: ProxyProcess, kind: str) -> None:
+    """A Produce the guard cannot follow (cut short within its topics, its size right), or a
+    Produce v2 naming a guarded topic (no schema to answer it with), is refused as Kafka
+    closes on a request it cannot handle: the requests pipelined before it are answered, then
+    the connection closes; nothing of it nor after it goes upstream (a good Produce sent after
+    it writes nothing)."""
+    import struct
+
+    from protocol.headers import encode_request_header
+
+    port = guarded_proxy.broker_port(111)
+    topic = new_topic(guarded_proxy.bootstrap, "before-produce")
+    reason = "produce_unparsed" if kind == "unparsed" else "produce_version"
+    counted = f'kafka_proxy_guarded_topic_connections_closed_total{{reason="{reason}"}}'
+    closed_before = guarded_proxy.metrics().get(counted, 0)
+    md: Any = __import__("kio.schema.metadata.v12.request", fromlist=["_"])
+    with KafkaWire("127.0.0.1", port, client_id="pipeliner") as wire:
+        before = wire.encode(3, 12, topics=(md.MetadataRequestTopic(topic_id=None, name=topic),),
+                             allow_auto_topic_creation=False,
+                             include_topic_authorized_operations=False)
+        if kind == "unparsed":
+            body = _produce_frame(wire, 9, [topic])[4:-20]
+        else:  # (v0-2 have no kio schema: acks, timeout, one topic of one partition)
+            name, batch = OVERRIDES.encode(), b"\x00" * 61
+            body = (encode_request_header(0, 2, 1000, "pipeliner")
+                    + struct.pack(">hii", 1, 5000, 1) + struct.pack(">h", len(name)) + name
+                    + struct.pack(">iii", 1, 0, len(batch)) + batch)
+        refused = len(body).to_bytes(4, "big") + body
+        after = _produce_frame(wire, 9, [topic])
+        wire.send_raw(before + refused + after)
+        answered = _read_response(wire, 3, 12)
+        assert [t.name for t in answered.topics] == [topic], answered
+        assert wire.is_closed_by_peer(15), "the connection stayed open after the refusal"
+    assert _end_offset(tansu.bootstrap, topic) == 0
+    assert guarded_proxy.metrics().get(counted, 0) == closed_before + 1

@@ -230,3 +230,27 @@ def test_a_response_listing_guarded_topics_unasked_leaves_them_out() -> None:
     assert [t.name for r in got.results for t in r.topics] == [OTHER]
     assert response_without(encode_response_header(3, 1) + encode(blank(
         load_response_schema(35, 4))), 35, 4, topics.ref_guarded) is None
+
+
+def test_where_a_reported_frame_starts_is_kept_for_the_read_it_began_in() -> None:
+    """``watched_at``: where a Produce frame reported in ``watched`` starts (after its size
+    prefix) in the bytes ``feed`` returned, when it began in that read (it can be cut out
+    there); none for a frame begun in an earlier read (its first bytes are upstream)."""
+    topics = _guard()
+    before = frame(encode_request_header(18, 0, 1, "c"))
+    produce = _produce(9, [GUARDED])
+    stream = RequestStream(CorrelationTable(),
+                           watch_produce=lambda version: ProduceTopics(version, topics))
+    forward, _ = stream.feed(before + produce)
+    [(entry, _)] = stream.watched
+    at = stream.watched_at[id(entry)]
+    assert at == len(before) + 4 and bytes(forward[at - 4:]) != produce  # (spoiled)
+    stream.feed(frame(encode_request_header(18, 0, 2, "c")))  # the next read
+    assert not stream.watched_at  # (what it said of the last one is gone)
+    stream = RequestStream(CorrelationTable(),
+                           watch_produce=lambda version: ProduceTopics(version, topics))
+    stream.feed(before + produce[:30])
+    assert not stream.watched
+    stream.feed(produce[30:])
+    [(entry, _)] = stream.watched
+    assert entry.api_key == 0 and not stream.watched_at

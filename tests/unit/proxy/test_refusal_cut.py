@@ -56,3 +56,49 @@ def test_a_refused_frame_not_whole_in_the_read_cannot_be_cut() -> None:
     out = patch_captured(stream, b"", events, stream.captured, lambda e, f, p: None,
                          lambda e: True)
     assert out is None
+
+
+def test_a_refused_produce_is_cut_in_its_place_among_the_captured_frames() -> None:
+    """A Produce followed as it passed (``watched``) is given to ``produce`` in the order the
+    requests were read: the captured frames before it are visited and patched, it and all
+    after it cut out, from where it starts."""
+    from protocol.topic_guard import GuardedTopics, ProduceTopics
+
+    topics = GuardedTopics(["guarded"])
+    stream = RequestStream(CorrelationTable(), capture=lambda e: e.api_key == 3,
+                           whole=lambda key, version: key == 3,
+                           watch_produce=lambda version: ProduceTopics(version, topics))
+    first = request_frame(3, 12, 1, "c", b"\x01\x00\x00")
+    damaged = request_frame(0, 9, 2, "c", b"\x01\x00\x01" + b"\xff" * 8)  # acks, then no end
+    after = request_frame(3, 12, 3, "c", b"\x02\x00\x00")
+    forward, events = stream.feed(first + damaged + after)
+    visited: list[int] = []
+    refused: list[InFlight] = []
+
+    def visit(entry: InFlight, frame: bytes, patchable: bool) -> bytes | None:
+        visited.append(entry.correlation_id)
+        return frame[:-1] + b"\x01"  # (same size: patched in place)
+
+    def produce(entry: InFlight, watch: object) -> None:
+        visited.append(entry.correlation_id)
+        refused.append(entry)
+
+    out = patch_captured(stream, forward, events, stream.captured, visit,
+                         lambda e: e in refused, stream.watched, produce)
+    assert out is not None and bytes(out) == first[:-1] + b"\x01"
+    assert visited == [1, 2]
+
+
+def test_a_refused_produce_begun_in_an_earlier_read_cannot_be_cut() -> None:
+    from protocol.topic_guard import GuardedTopics, ProduceTopics
+
+    topics = GuardedTopics(["guarded"])
+    stream = RequestStream(CorrelationTable(),
+                           watch_produce=lambda version: ProduceTopics(version, topics))
+    damaged = request_frame(0, 9, 2, "c", b"\x01\x00\x01\x00\x00\x00\x00" + b"\xff" * 8)
+    stream.feed(damaged[:20])
+    forward, events = stream.feed(damaged[20:])
+    assert stream.watched and not events
+    out = patch_captured(stream, forward, events, [], lambda e, f, p: None,
+                         lambda e: True, stream.watched, lambda e, w: None)
+    assert out is None
