@@ -15,7 +15,7 @@ what the answer to a refused topic is (``Results``: an error result in a respons
 merged into the broker's response; ``Refused``: the whole request answered with a top-level
 error; ``Metadata``; ``Unguarded``: not refused per topic, with the reason);
 ``tests/unit/protocol/test_topic_fields.py`` fails when a request schema names topics and
-``HANDLING`` does not cover it. The topic guard (``proxy.filters.topic_guard``) and, later,
+``HANDLING`` does not cover it. The topic guard (``proxy.features.topic_guard.filter``) and, later,
 proxy-side ACLs use the same extraction.
 
 Frames are whole, without their size prefix, header included. Anything that does not decode

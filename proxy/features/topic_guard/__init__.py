@@ -9,8 +9,8 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from proxy.feature import Feature, Runtime
-from proxy.filters.topic_guard import TopicGuardFilter
-from proxy.topic_guard import TopicGuard, guarded_names
+from proxy.features.topic_guard.filter import TopicGuardFilter
+from proxy.features.topic_guard.guard import TopicGuard, guarded_names
 
 if TYPE_CHECKING:
     from protocol.rewrite import ResponseRewriter

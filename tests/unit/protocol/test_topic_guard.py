@@ -183,7 +183,7 @@ def test_a_follower_fetch_is_answered_with_every_partition_refused() -> None:
 
 
 def test_the_replica_state_tag_names_a_follower_from_v15() -> None:
-    from proxy.filters.topic_guard import TopicGuardFilter
+    from proxy.features.topic_guard.filter import TopicGuardFilter
 
     m = _module(1, 15)
     base = dict(max_wait=timedelta(milliseconds=500), min_bytes=1, max_bytes=1 << 20,

@@ -23,9 +23,9 @@ from protocol.interests import InterestTable
 from protocol.topic_fields import encode
 from proxy.connection import ProxiedConnection, UpstreamSide
 from proxy.context import ConnectionContext
-from proxy.filters.topic_guard import TopicGuardFilter
+from proxy.features.topic_guard.filter import TopicGuardFilter
+from proxy.features.topic_guard.guard import TopicGuard
 from proxy.metrics import ProxyStats
-from proxy.topic_guard import TopicGuard
 from testkit.frames import frame, kio_request, request_frame
 
 GUARDED = "__kafka_quota_proxy_quotas"

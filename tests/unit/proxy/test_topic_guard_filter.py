@@ -10,8 +10,8 @@ from protocol.correlation import InFlight
 from protocol.decoded import response_body
 from protocol.mutation_frames import decode_request
 from protocol.topic_fields import TOPIC_AUTHORIZATION_FAILED, read_topics
-from proxy.filters.topic_guard import TopicGuardFilter
-from proxy.topic_guard import Results, TopicGuard
+from proxy.features.topic_guard.filter import TopicGuardFilter
+from proxy.features.topic_guard.guard import Results, TopicGuard
 from testkit.filter_host import FakeFilterHost
 from testkit.frames import create_topics_request, request_frame
 

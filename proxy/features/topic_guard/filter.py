@@ -1,4 +1,5 @@
-"""The topic guard on the request path (``proxy.topic_guard``, ``docs/topic-guard.md``).
+"""The topic guard on the request path (``proxy.features.topic_guard.guard``,
+``docs/topic-guard.md``).
 
 - Produce: never held nor decoded; ``protocol.topic_guard.ProduceTopics`` follows each frame
   as it passes and spoils a guarded topic's name (or id) before it goes upstream; the
@@ -42,9 +43,9 @@ from protocol.topic_fields import (
     without,
 )
 from protocol.topic_guard import ProduceTopics
+from proxy.features.topic_guard.guard import OMIT, Metadata, Produce, Results, TopicGuard
 from proxy.filters.base import Filter, FilterHost
 from proxy.logs import get_logger
-from proxy.topic_guard import OMIT, Metadata, Produce, Results, TopicGuard
 
 log = get_logger("kafka_quota_proxy.topic_guard")
 

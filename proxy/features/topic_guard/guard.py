@@ -7,7 +7,7 @@ may produce to them, fetch from them, create, delete or alter them, read or chan
 configs, offsets or records, or see them in Metadata: each request naming one (by name, or by
 an id learnt from Metadata responses) is answered for that topic as Kafka answers a topic the
 client may not access (TOPIC_AUTHORIZATION_FAILED), and goes on without it
-(``proxy.filters.topic_guard``). This module holds what every connection shares: the names,
+(``proxy.features.topic_guard.filter``). This module holds what every connection shares: the names,
 the ids learnt, the response amendments and the figures.
 """
 
