@@ -32,8 +32,8 @@ from proxy.connection import ProxiedConnection, TlsProxiedConnection
 from proxy.context import ConnectionContext, ConnectionHost
 from proxy.features.connection_rates import ConnectionRateGuard
 from proxy.filters.base import Filter, FilterFactory
-from proxy.filters.identity import SaslInspection, SaslSettings
-from proxy.filters.sasl_server import SaslServerSettings, SaslTermination
+from proxy.filters.sasl_inspection import SaslInspection, SaslSettings
+from proxy.filters.sasl_termination import SaslServerSettings, SaslTermination
 from proxy.logs import get_logger
 from proxy.metrics import ProxyStats
 from proxy.tls import ServerTls, TlsFileError

@@ -1,4 +1,5 @@
-"""SASL passthrough inspection (``proxy/filters/identity.py`` over ``protocol/sasl_frames.py``):
+"""SASL passthrough inspection (``proxy/filters/sasl_inspection.py`` over
+``protocol/sasl_frames.py``):
 requests refused before authentication, the exchange's order, the principal taken from the
 client's first message only on the broker's success, re-authentication, and the filter retired
 from the per-request path (``FilterChain.retire``)."""
@@ -32,9 +33,9 @@ from protocol.sasl_frames import (
     handshake_error,
     handshake_mechanism,
 )
-from proxy.filters import identity as identity_module
+from proxy.filters import sasl_inspection as identity_module
 from proxy.filters.base import Filter, FilterChain
-from proxy.filters.identity import SaslInspection, SaslSettings
+from proxy.filters.sasl_inspection import SaslInspection, SaslSettings
 from security.sasl import Jwks
 from testkit.filter_host import FakeFilterHost, RecordingLog
 from testkit.frames import kio_request, sasl_plain

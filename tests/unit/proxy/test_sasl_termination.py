@@ -1,4 +1,5 @@
-"""The proxy answering SASL itself (``proxy/filters/sasl_server.py``, ``sasl.mode: terminate``):
+"""The proxy answering SASL itself (``proxy/filters/sasl_termination.py``,
+``sasl.mode: terminate``):
 ``SaslTermination.intercept`` driven with real request frames and a fake connection: ApiVersions
 sent on (the next frame waits for its response), SaslHandshake and SaslAuthenticate answered as
 Kafka's authenticator answers them (PLAIN, SCRAM-SHA-256/512), every way the exchange ends, and
@@ -28,9 +29,9 @@ from protocol.sasl_frames import (
     AuthenticateResult,
     authenticate_result,
 )
-from proxy.filters import sasl_server as sasl_server_module
+from proxy.filters import sasl_termination as sasl_server_module
 from proxy.filters.base import Filter
-from proxy.filters.sasl_server import (
+from proxy.filters.sasl_termination import (
     Intercepted,
     SaslServerSettings,
     SaslTermination,
