@@ -22,7 +22,7 @@ demo: $(VENV)/.installed-demo
 	$(BIN)/kafka-quota-proxy demo
 
 lint: $(VENV)/.installed-test
-	$(BIN)/ruff check cli config demo protocol proxy quota routing security spark_jobs volume_agent tests testkit bench tools
+	$(BIN)/ruff check kafka_quota_proxy tests testkit bench tools
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 

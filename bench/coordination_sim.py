@@ -56,9 +56,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from quota.entities import EntityKey, QuotaType
-from quota.manager import QuotaSettings
-from quota.shared import RemoteUsage, SharedBudgets, UsageReport, live_samples, usage_report
+from kafka_quota_proxy.quota.entities import EntityKey, QuotaType
+from kafka_quota_proxy.quota.manager import QuotaSettings
+from kafka_quota_proxy.quota.shared import (
+    RemoteUsage,
+    SharedBudgets,
+    UsageReport,
+    live_samples,
+    usage_report,
+)
 from testkit.rates import Cycles
 from testkit.shared_quotas import DemandReports, DemandShareBudgets, SharedQuotaManager
 

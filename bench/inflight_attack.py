@@ -45,7 +45,7 @@ import psutil
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from demo.embedded_broker import TansuBroker
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker
 from testkit.e2e import ProxyProcess, new_topic
 from testkit.frames import kio_encode, request_frame
 

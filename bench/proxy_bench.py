@@ -57,7 +57,7 @@ from harness import (
     wait_ready,
 )
 
-from demo.embedded_broker import TansuBroker, free_port, tansu_binary
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker, free_port, tansu_binary
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS_DIR = BENCH_DIR / "results"
@@ -132,7 +132,8 @@ def start_environment(stack: contextlib.ExitStack, workdir: Path) -> dict[str, E
     config_path = workdir / "proxy.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     ours = ManagedProcess.spawn(
-        PROXY, [sys.executable, "-m", "proxy", "run", "--config", str(config_path)], workdir)
+        PROXY, [sys.executable, "-m", "kafka_quota_proxy", "run", "--config", str(config_path)],
+        workdir)
     stack.callback(ours.stop)
 
     url = f"tcp://{HOST}:{tansu_proxy_port}"

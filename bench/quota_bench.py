@@ -38,9 +38,9 @@ from harness import (
 )
 from proxy_bench import Endpoint, Settings, run_throughput_round
 
-from demo.embedded_broker import TansuBroker, free_port
-from quota.entities import DEFAULT, EntityKey, QuotaType
-from quota.manager import QuotaManager, QuotaSettings
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker, free_port
+from kafka_quota_proxy.quota.entities import DEFAULT, EntityKey, QuotaType
+from kafka_quota_proxy.quota.manager import QuotaManager, QuotaSettings
 
 NO_QUOTAS, QUOTAS = "no-quotas", "quotas-not-binding"
 NOT_BINDING = 100 * 1024**3  # 100 GiB/s
@@ -83,8 +83,8 @@ def start_proxy(stack: contextlib.ExitStack, workdir: Path, name: str, broker: T
     }
     path = workdir / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
-    process = ManagedProcess.spawn(name, [sys.executable, "-m", "proxy", "run", "--config",
-                                          str(path)], workdir)
+    process = ManagedProcess.spawn(
+        name, [sys.executable, "-m", "kafka_quota_proxy", "run", "--config", str(path)], workdir)
     stack.callback(process.stop)
     wait_ready(process, port)
     endpoint = Endpoint(name, f"{HOST}:{port}", process)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from spark_jobs.main import run
+from kafka_quota_proxy.spark_jobs.main import run
 from testkit.synth_capture import generate
 
 CANDIDATE = {"entities": [{"client-id": "<default>", "producer_byte_rate": 1048576,

@@ -67,7 +67,7 @@ from proxy_bench import (
 )
 from quota_bench import start_proxy
 
-from demo.embedded_broker import TansuBroker
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker
 
 DIRECT, W1, W1_COORD, W2 = "direct", "1w", "1w+coord", "2w"
 PATHS = (DIRECT, W1, W1_COORD, W2)

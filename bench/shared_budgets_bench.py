@@ -42,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from confluent_kafka import Producer
 
-from demo.embedded_broker import TansuBroker
-from security.credentials import add_user
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker
+from kafka_quota_proxy.security.credentials import add_user
 from testkit.e2e import ProxyProcess, new_topic, wait_for
 from testkit.rates import Cycles, cycle_rate
 

@@ -18,12 +18,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy.features.fetch_routing.routing import FetchRouting
-from proxy.metrics import ProxyStats
-from quota.connection_rate import ConnectionRates, IpConnectionQuotas
-from quota.entities import DEFAULT, EntityKey, QuotaType
-from quota.manager import QuotaManager, QuotaSettings
-from quota.mutation import MutationQuotas
+from kafka_quota_proxy.proxy.features.fetch_routing.routing import FetchRouting
+from kafka_quota_proxy.proxy.metrics import ProxyStats
+from kafka_quota_proxy.quota.connection_rate import ConnectionRates, IpConnectionQuotas
+from kafka_quota_proxy.quota.entities import DEFAULT, EntityKey, QuotaType
+from kafka_quota_proxy.quota.manager import QuotaManager, QuotaSettings
+from kafka_quota_proxy.quota.mutation import MutationQuotas
 
 
 def per_entry(n: int, fill: Callable[[int], None]) -> float:

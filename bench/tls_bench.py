@@ -64,7 +64,7 @@ from proxy_bench import (
     run_throughput_round,
 )
 
-from demo.embedded_broker import TansuBroker, free_port
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker, free_port
 
 if TYPE_CHECKING:   # made at run time only: trustme is a test dependency
     from testkit.certs import Certs
@@ -164,8 +164,8 @@ def start_path(stack: contextlib.ExitStack, workdir: Path, name: str,
     config_path = workdir / f"proxy-{name}.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     proxy = ManagedProcess.spawn(
-        f"proxy-{name}", [sys.executable, "-m", "proxy", "run", "--config", str(config_path)],
-        workdir)
+        f"proxy-{name}",
+        [sys.executable, "-m", "kafka_quota_proxy", "run", "--config", str(config_path)], workdir)
     stack.callback(proxy.stop)
     wait_ready(proxy, proxy_port)
     endpoint = Endpoint(name, f"{HOST}:{proxy_port}", proxy)

@@ -8,9 +8,9 @@ import asyncio
 import time
 from typing import Any
 
-from config.schema import ListenerKindConfig, QuotasConfig
-from proxy.features.connection_rates import ConnectionRateGuard, _GatedAccept
-from proxy.metrics import ProxyStats
+from kafka_quota_proxy.config.schema import ListenerKindConfig, QuotasConfig
+from kafka_quota_proxy.proxy.features.connection_rates import ConnectionRateGuard, _GatedAccept
+from kafka_quota_proxy.proxy.metrics import ProxyStats
 
 WINDOW = {"samples": 2, "size_seconds": 1}  # W = 1 s from the start: small throttle times
 

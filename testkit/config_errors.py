@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from config.errors import ConfigError
-from config.loading import parse_config
+from kafka_quota_proxy.config.errors import ConfigError
+from kafka_quota_proxy.config.loading import parse_config
 
 # A minimal valid configuration the error tests append to or edit. Line numbers:
 #   1 listeners:  2 bootstrap  3 advertised_host  4 broker_ports  5 upstream:  6 bootstrap_servers

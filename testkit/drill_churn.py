@@ -43,8 +43,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from demo.embedded_broker import TansuBroker, free_port, wait_for_port
-from protocol.primitives import INT32
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker, free_port, wait_for_port
+from kafka_quota_proxy.protocol.primitives import INT32
 from testkit.drill_common import (
     ProcessWatch,
     ProxyProcess,

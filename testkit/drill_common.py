@@ -25,7 +25,7 @@ from typing import Any
 
 import psutil
 
-from demo.embedded_broker import TansuBroker
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker
 from testkit.e2e import ProxyProcess, new_topic, wait_for
 
 __all__ = ["GoodTraffic", "ProcessWatch", "ProxyProcess", "Tally", "loop_lag", "tansu_broker",

@@ -53,8 +53,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from config.errors import ConfigError
-from config.loading import parse_config
+from kafka_quota_proxy.config.errors import ConfigError
+from kafka_quota_proxy.config.loading import parse_config
 from testkit.drill_common import (
     GoodTraffic,
     ProcessWatch,

@@ -46,11 +46,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from protocol import apis
-from protocol._api_table import API_TABLE
-from protocol.headers import encode_request_header, parse_response_header, produce_acks
-from protocol.primitives import encode_tagged_fields
-from protocol.rewrite import decode_response
+from kafka_quota_proxy.protocol import apis
+from kafka_quota_proxy.protocol._api_table import API_TABLE
+from kafka_quota_proxy.protocol.headers import (
+    encode_request_header,
+    parse_response_header,
+    produce_acks,
+)
+from kafka_quota_proxy.protocol.primitives import encode_tagged_fields
+from kafka_quota_proxy.protocol.rewrite import decode_response
 from testkit.drill_common import (
     GoodTraffic,
     ProcessWatch,

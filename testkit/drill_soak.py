@@ -153,7 +153,7 @@ def replay_capture(capture_dir: Path) -> tuple[int, int, list[int]]:
     import pandas as pd
     import pyarrow.parquet as pq
 
-    from quota.replay import replay_rows, settings_from_section
+    from kafka_quota_proxy.quota.replay import replay_rows, settings_from_section
 
     frame = pd.concat(pq.read_table(f).to_pandas()
                       for f in sorted(capture_dir.glob("capture-*.parquet")))
@@ -185,8 +185,8 @@ def kafka_greedy_rate(request_bytes: list[int], samples: int = 5,
     A request worth seconds of the quota (librdkafka's 1 MB batches under a small quota) is
     forgotten with its samples, so a greedy client gets above its quota: Kafka's own maths,
     which the proxy follows (the capture's replay says it did, request by request)."""
-    from quota.entities import EntityKey, QuotaType
-    from quota.manager import QuotaManager, QuotaSettings
+    from kafka_quota_proxy.quota.entities import EntityKey, QuotaType
+    from kafka_quota_proxy.quota.manager import QuotaManager, QuotaSettings
 
     produce = QuotaType.PRODUCE
     m = QuotaManager(QuotaSettings(samples=samples, window_ms=1000, entities={

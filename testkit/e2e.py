@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from demo.embedded_broker import free_port, free_port_range, wait_for_port
+from kafka_quota_proxy.demo.embedded_broker import free_port, free_port_range, wait_for_port
 
 T = TypeVar("T")
 
@@ -103,7 +103,7 @@ logging:
         self.write_config()
         log = open(self.log_path, "ab")  # noqa: SIM115
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "proxy", "run", "--config", str(self.config_path)],
+            [sys.executable, "-m", "kafka_quota_proxy", "run", "--config", str(self.config_path)],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -243,7 +243,7 @@ class KafkaWire:
         from kio.index import load_request_schema
         from kio.serial import entity_writer
 
-        from protocol.headers import encode_request_header
+        from kafka_quota_proxy.protocol.headers import encode_request_header
 
         self._correlation += 1
         cls = load_request_schema(api_key, version)
@@ -255,9 +255,9 @@ class KafkaWire:
         return len(frame).to_bytes(4, "big") + frame
 
     def request(self, api_key: int, version: int, **fields: Any) -> Any:
-        from protocol import apis
-        from protocol.headers import parse_response_header
-        from protocol.rewrite import decode_response
+        from kafka_quota_proxy.protocol import apis
+        from kafka_quota_proxy.protocol.headers import parse_response_header
+        from kafka_quota_proxy.protocol.rewrite import decode_response
 
         self.send_raw(self.encode(api_key, version, **fields))
         size = int.from_bytes(self.recv_exactly(4), "big")
@@ -277,7 +277,12 @@ def reproduce_capture(capture_dir: Path, rows: list[dict[str, Any]]) -> tuple[in
     """Replay captured ``rows`` through the quota engine under the configs (and storage
     settings) written next to them, per broker in the proxy's order: (requests whose three
     throttles equal the recorded ones, requests)."""
-    from quota.replay import Recorded, StorageSettings, replay, settings_from_section
+    from kafka_quota_proxy.quota.replay import (
+        Recorded,
+        StorageSettings,
+        replay,
+        settings_from_section,
+    )
 
     docs = [json.loads(f.read_text()) for f in capture_dir.glob("quotas-*.json")]
     configs = {d["quota_generation"]: settings_from_section(d["quotas"]) for d in docs}

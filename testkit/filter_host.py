@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocol.correlation import InFlight
-from proxy.filters.base import Client, Filter, FilterChain
+from kafka_quota_proxy.protocol.correlation import InFlight
+from kafka_quota_proxy.proxy.filters.base import Client, Filter, FilterChain
 
 
 class FakeFilterHost:

@@ -29,8 +29,8 @@ from kio.static.primitive import (
     i64Timedelta,
 )
 
-from protocol import apis
-from protocol.headers import encode_request_header, encode_response_header
+from kafka_quota_proxy.protocol import apis
+from kafka_quota_proxy.protocol.headers import encode_request_header, encode_response_header
 
 INT32 = struct.Struct(">i")
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from demo.embedded_broker import free_port, free_port_range, wait_for_port
+from kafka_quota_proxy.demo.embedded_broker import free_port, free_port_range, wait_for_port
 from testkit.e2e import new_topic, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,8 +50,8 @@ DEPLOY = ROOT / "deploy"
 # installs ``kafka-quota-proxy[spark]``) and nowhere else, e.g. in the container image, which
 # installs the project without extras. ``kafka-quota-proxy replay`` imports them when it runs.
 SPARK_EXTRA_MODULES = frozenset({
-    "spark_jobs.capture", "spark_jobs.main", "spark_jobs.profile", "spark_jobs.replay",
-    "spark_jobs.report", "spark_jobs.session", "spark_jobs.tune",
+    f"kafka_quota_proxy.spark_jobs.{name}"
+    for name in ("capture", "main", "profile", "replay", "report", "session", "tune")
 })
 SPARK_EXTRA_IMPORTS = frozenset({"pyspark", "pandas", "numpy", "matplotlib"})
 
@@ -76,8 +76,9 @@ def copy_files(files: Iterable[str], into: Path) -> Path:
     return into
 
 
-def excluded_from_distribution(package: str) -> bool:
-    patterns = pyproject()["tool"]["setuptools"]["packages"]["find"]["exclude"]
+def in_distribution(package: str) -> bool:
+    """Whether the build's package finder takes ``package`` (its ``include`` patterns)."""
+    patterns = pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]
     return any(fnmatch.fnmatchcase(package, pattern) for pattern in patterns)
 
 
@@ -85,7 +86,7 @@ def shipped_top_level(files: Iterable[str]) -> list[str]:
     """The top-level packages the distribution must hold."""
     return sorted({PurePosixPath(rel).parts[0] for rel in files
                    if len(PurePosixPath(rel).parts) == 2 and rel.endswith("/__init__.py")
-                   and not excluded_from_distribution(PurePosixPath(rel).parts[0])})
+                   and in_distribution(PurePosixPath(rel).parts[0])})
 
 
 def shipped_files(files: Iterable[str]) -> list[str]:

@@ -39,14 +39,22 @@ from kio.serial import entity_reader
 from kio.static.constants import EntityType
 from kio.static.primitive import i32
 
-from protocol import apis, rewrite
-from protocol.correlation import CorrelationTable, InFlight
-from protocol.fetch import FetchRequestSummary, parse_fetch_request, set_preferred_read_replicas
-from protocol.framing import DEFAULT_MAX_FRAME_BYTES
-from protocol.headers import parse_request_header, parse_response_header, produce_acks
-from protocol.primitives import INT16, INT32
-from protocol.response_stream import ResponseStream
-from protocol.rewrite import decode_response, encode_entity
+from kafka_quota_proxy.protocol import apis, rewrite
+from kafka_quota_proxy.protocol.correlation import CorrelationTable, InFlight
+from kafka_quota_proxy.protocol.fetch import (
+    FetchRequestSummary,
+    parse_fetch_request,
+    set_preferred_read_replicas,
+)
+from kafka_quota_proxy.protocol.framing import DEFAULT_MAX_FRAME_BYTES
+from kafka_quota_proxy.protocol.headers import (
+    parse_request_header,
+    parse_response_header,
+    produce_acks,
+)
+from kafka_quota_proxy.protocol.primitives import INT16, INT32
+from kafka_quota_proxy.protocol.response_stream import ResponseStream
+from kafka_quota_proxy.protocol.rewrite import decode_response, encode_entity
 
 HOST = "127.0.0.1"
 

@@ -30,10 +30,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from demo.embedded_broker import free_port
-from protocol.headers import parse_request_header, produce_acks
-from protocol.primitives import INT32
-from protocol.sasl_frames import (
+from kafka_quota_proxy.demo.embedded_broker import free_port
+from kafka_quota_proxy.protocol.headers import parse_request_header, produce_acks
+from kafka_quota_proxy.protocol.primitives import INT32
+from kafka_quota_proxy.protocol.sasl_frames import (
     API_VERSIONS,
     ILLEGAL_SASL_STATE,
     NONE,
@@ -45,8 +45,8 @@ from protocol.sasl_frames import (
     encode_response,
     handshake_mechanism,
 )
-from security.sasl import SaslError, jwt_claim, oauthbearer_token, plain_identity
-from security.scram import ScramServer, make_credential
+from kafka_quota_proxy.security.sasl import SaslError, jwt_claim, oauthbearer_token, plain_identity
+from kafka_quota_proxy.security.scram import ScramServer, make_credential
 
 HOST = "127.0.0.1"
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from quota.manager import (
+from kafka_quota_proxy.quota.manager import (
     ONE_HOUR_MS,
     BudgetHook,
     HeadroomHook,
@@ -28,7 +28,7 @@ from quota.manager import (
     Sensor,
     StorageScaling,
 )
-from quota.shared import BudgetKey, RemoteUsage, SharedBudgets, live_samples
+from kafka_quota_proxy.quota.shared import BudgetKey, RemoteUsage, SharedBudgets, live_samples
 
 
 class SharedQuotaManager(QuotaManager):

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy.features.capture.writer import FIELDS, SCHEMA
+from kafka_quota_proxy.proxy.features.capture.writer import FIELDS, SCHEMA
 
 ROWS_PER_FILE = 2_000_000
 

@@ -29,8 +29,8 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy.features.capture.writer import FIELDS
-from quota.replay import replay_rows, settings_from_section
+from kafka_quota_proxy.proxy.features.capture.writer import FIELDS
+from kafka_quota_proxy.quota.replay import replay_rows, settings_from_section
 from testkit.synth_capture import write_capture_file
 
 

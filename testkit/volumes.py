@@ -7,7 +7,7 @@ import time
 
 from confluent_kafka import Producer
 
-from quota.storage import Snapshot, Volume
+from kafka_quota_proxy.quota.storage import Snapshot, Volume
 
 BASE = 400_000  # unquoted_producer_byte_rate
 GB = 1_000_000_000

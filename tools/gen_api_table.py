@@ -1,6 +1,6 @@
 """Regenerate protocol/_api_table.py from the installed kio package.
 
-Run: python tools/gen_api_table.py > protocol/_api_table.py
+Run: python tools/gen_api_table.py > kafka_quota_proxy/protocol/_api_table.py
 
 The table records, for every API key kio knows, its name, the version range kio can
 decode, and the first flexible (KIP-482) version of its request and response, so the

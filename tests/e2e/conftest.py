@@ -4,7 +4,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from demo.embedded_broker import TansuBroker
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker
 from testkit.e2e import ProxyProcess, wait_for
 
 

@@ -16,9 +16,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kio.schema.fetch.v12.request import FetchPartition, FetchTopic
 from kio.static.primitive import i32Timedelta
 
-from demo.embedded_broker import TansuBroker
-from protocol.headers import parse_response_header
-from protocol.rewrite import decode_response
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker
+from kafka_quota_proxy.protocol.headers import parse_response_header
+from kafka_quota_proxy.protocol.rewrite import decode_response
 from testkit.e2e import KafkaWire, ProxyProcess, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -8,7 +8,7 @@ import struct
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from protocol.headers import encode_request_header
+from kafka_quota_proxy.protocol.headers import encode_request_header
 from testkit.e2e import KafkaWire, ProxyProcess, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from demo.embedded_broker import TansuBroker
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker
 from testkit.e2e import KafkaWire, ProxyProcess, new_topic, wait_for
 from testkit.rates import cycle_rate
 
@@ -92,9 +92,9 @@ def _raw_on_bootstrap(host: str, port: int, topic: str, until: float,
     from kafka.record.default_records import DefaultRecordBatchBuilder
     from kio.index import load_request_schema
 
-    from protocol import apis
-    from protocol.headers import parse_response_header
-    from protocol.rewrite import decode_response
+    from kafka_quota_proxy.protocol import apis
+    from kafka_quota_proxy.protocol.headers import parse_response_header
+    from kafka_quota_proxy.protocol.rewrite import decode_response
 
     builder = DefaultRecordBatchBuilder(
         magic=2, compression_type=0, is_transactional=False, producer_id=-1,

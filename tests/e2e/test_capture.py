@@ -18,7 +18,7 @@ import pytest
 import yaml
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from demo.embedded_broker import TansuBroker
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker
 from testkit.e2e import KafkaWire, ProxyProcess, new_topic, reproduce_capture, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -152,7 +152,7 @@ def test_spark_replay_reproduces_profiles_and_tunes(captured: Captured, tmp_path
     throttles, the recommended config passes check-config, the report holds the plots."""
     out = tmp_path / "report"
     proc = subprocess.run(
-        [sys.executable, "-m", "proxy", "replay", "--capture", str(captured.directory),
+        [sys.executable, "-m", "kafka_quota_proxy", "replay", "--capture", str(captured.directory),
          "--config", str(captured.config), "--out", str(out), "--master", "local[2]",
          "--tune"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -160,7 +160,7 @@ def test_spark_replay_reproduces_profiles_and_tunes(captured: Captured, tmp_path
     assert summary["requests"] == len(captured.rows)
     assert summary["match_rate"] >= 0.999, summary
     print(f"\nspark replay: {summary}")
-    check = subprocess.run([sys.executable, "-m", "proxy", "check-config",
+    check = subprocess.run([sys.executable, "-m", "kafka_quota_proxy", "check-config",
                             str(out / "recommended.yaml")], capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
     recommended = yaml.safe_load((out / "recommended-quotas.yaml").read_text())["quotas"]

@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from demo.embedded_broker import TansuBroker
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker
 from testkit.e2e import KafkaWire, ProxyProcess, wait_for
 from testkit.hostile import alias_bomb
 

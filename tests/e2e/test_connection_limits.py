@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from demo.embedded_broker import TansuBroker, free_port
-from protocol.proxy_header import encode_v1
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker, free_port
+from kafka_quota_proxy.protocol.proxy_header import encode_v1
 from testkit.certs import Certs
 from testkit.e2e import KafkaWire, ProxyProcess, wait_for
 

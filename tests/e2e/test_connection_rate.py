@@ -31,8 +31,8 @@ from typing import Any
 
 import pytest
 
-from demo.embedded_broker import TansuBroker, free_port, free_port_range
-from protocol.proxy_header import encode_v1
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker, free_port, free_port_range
+from kafka_quota_proxy.protocol.proxy_header import encode_v1
 from testkit.e2e import KafkaWire, ProxyProcess, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -35,8 +35,8 @@ def _ticks(output: str, client_id: str) -> list[list[str]]:
 
 def test_demo_shows_quotas_a_reload_and_a_recommendation(tmp_path: Path) -> None:
     out_dir = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "-m", "proxy", "demo", "--seconds", str(SECONDS),
-                           "--out", str(out_dir)],
+    proc = subprocess.run([sys.executable, "-m", "kafka_quota_proxy", "demo", "--seconds",
+                           str(SECONDS), "--out", str(out_dir)],
                           capture_output=True, text=True, timeout=SECONDS + 300)
     out = proc.stdout
     print(out[-6000:])
@@ -67,8 +67,8 @@ def test_demo_shows_quotas_a_reload_and_a_recommendation(tmp_path: Path) -> None
 
 
 def test_demo_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "proxy", "demo", "--no-replay", "--out",
-                             str(tmp_path / "demo")], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-m", "kafka_quota_proxy", "demo", "--no-replay",
+                             "--out", str(tmp_path / "demo")], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout is not None

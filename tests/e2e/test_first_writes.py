@@ -17,7 +17,7 @@ from datetime import timedelta
 
 import pytest
 
-from demo.embedded_broker import TansuBroker
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker
 from testkit.e2e import KafkaWire, ProxyProcess, new_topic
 
 pytestmark = pytest.mark.e2e
@@ -55,7 +55,7 @@ def _storm_connection(port: int, frames: bytes, acked: list[tuple[float, int]],
                       start: float) -> None:
     """One connection: as much of ``frames`` as the kernel takes at once, then the responses
     until the first throttled one (or a second of silence), then away."""
-    from protocol.rewrite import decode_response
+    from kafka_quota_proxy.protocol.rewrite import decode_response
 
     sock = socket.create_connection(("127.0.0.1", port), timeout=5)
     try:

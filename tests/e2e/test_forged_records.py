@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from demo.embedded_broker import TansuBroker
-from proxy.cluster_topics import MAC_HEADER, record_mac
-from quota.entities import QuotaType
-from quota.shared import UsageReport
-from quota.storage import Snapshot, Volume
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker
+from kafka_quota_proxy.proxy.cluster_topics import MAC_HEADER, record_mac
+from kafka_quota_proxy.quota.entities import QuotaType
+from kafka_quota_proxy.quota.shared import UsageReport
+from kafka_quota_proxy.quota.storage import Snapshot, Volume
 from testkit.e2e import ProxyProcess, new_topic, wait_for
 from testkit.volumes import BASE, GB, NODE, Publisher
 

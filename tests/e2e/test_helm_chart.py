@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from config.loading import load_config, parse_config
+from kafka_quota_proxy.config.loading import load_config, parse_config
 from testkit.helm import helm_binary
 
 pytestmark = pytest.mark.e2e
@@ -141,7 +141,7 @@ def test_the_broker_port_range_is_a_value(helm: Path, tmp_path: Path) -> None:
     check_pod(docs)
     config = tmp_path / "config.yaml"
     config.write_text(config_text(docs))
-    check = subprocess.run([sys.executable, "-m", "cli.main", "check-config", str(config)],
+    check = subprocess.run([sys.executable, "-m", "kafka_quota_proxy", "check-config", str(config)],
                            cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stderr
     assert "20000-20024 (25 brokers max)" in check.stdout, check.stdout

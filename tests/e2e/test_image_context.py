@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from demo.embedded_broker import TansuBroker
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker
 from testkit.install import (
     DEPLOY,
     ROOT,

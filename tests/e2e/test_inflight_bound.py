@@ -23,7 +23,7 @@ from kio.index import load_request_schema
 from kio.schema.fetch.v12.request import FetchPartition, FetchTopic
 from kio.static.primitive import i32Timedelta
 
-from demo.embedded_broker import TansuBroker
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker
 from testkit.e2e import ProxyProcess, new_topic, wait_for
 from testkit.frames import kio_encode, request_frame
 

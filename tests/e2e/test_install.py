@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 import yaml
 
-from demo.embedded_broker import TansuBroker
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker
 from testkit.install import (
     ROOT,
     archive_names,
@@ -72,12 +72,13 @@ def test_the_type_checker_and_the_import_contracts_cover_every_shipped_package()
 def test_the_sdist_and_the_wheel_hold_every_package(built: Built) -> None:
     shipped = shipped_files(built.files)
     top = shipped_top_level(built.files)
+    assert top == ["kafka_quota_proxy"], top  # one import root (docs/architecture.md)
     # what the checkout holds: packages found by their __init__.py (a directory of modules
     # without one would be left out by the build, so there is none), a marker in each
     # top-level package
     assert directories_without_init(shipped) == []
     packages = packages_of(shipped)
-    assert set(top) < packages and "proxy.filters" in packages, packages
+    assert set(top) < packages and "kafka_quota_proxy.proxy.filters" in packages, packages
     markers = [rel for rel in shipped if PurePosixPath(rel).name == "py.typed"]
     assert sorted(markers) == [f"{name}/py.typed" for name in top]
 
@@ -87,6 +88,9 @@ def test_the_sdist_and_the_wheel_hold_every_package(built: Built) -> None:
         missing = sorted(set(shipped) - names)
         assert missing == [], f"{archive.name} lacks {missing}"
     assert any(n.endswith(".dist-info/entry_points.txt") for n in archive_names(built.wheel))
+    # nothing at the top of site-packages but the package and the distribution's metadata
+    roots = {PurePosixPath(n).parts[0] for n in archive_names(built.wheel)}
+    assert {r for r in roots if not r.endswith(".dist-info")} == {"kafka_quota_proxy"}, roots
 
     warnings = [line for line in built.output.splitlines()
                 if "DeprecationWarning" in line or "BuildBackendWarning" in line]

@@ -15,7 +15,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kio.schema.fetch.v12.request import FetchPartition, FetchTopic
 from kio.static.primitive import i32Timedelta
 
-from demo.embedded_broker import TansuBroker, free_port
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker, free_port
 from testkit.e2e import KafkaWire, ProxyProcess, wait_for
 
 pytestmark = pytest.mark.e2e

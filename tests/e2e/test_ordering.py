@@ -10,7 +10,7 @@ import struct
 
 import pytest
 
-from protocol.headers import encode_request_header
+from kafka_quota_proxy.protocol.headers import encode_request_header
 from testkit.e2e import ProxyProcess
 
 pytestmark = pytest.mark.e2e

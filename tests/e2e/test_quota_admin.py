@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from demo.embedded_broker import TansuBroker
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker
 from testkit.e2e import ProxyProcess, new_topic, wait_for
 from testkit.quota_admin import Admin
 from testkit.rates import Cycles
@@ -59,8 +59,9 @@ def instances(tansu: TansuBroker) -> Iterator[tuple[ProxyProcess, ProxyProcess]]
 def _resolve(proxy: ProxyProcess, *flags: str) -> int:
     """``kafka-quota-proxy quotas resolve`` for client-id app: its producer_byte_rate."""
     out = subprocess.run(
-        [sys.executable, "-m", "proxy", "quotas", "resolve", "--config", str(proxy.config_path),
-         "--client-id", "app", *flags], capture_output=True, text=True, timeout=60, check=True)
+        [sys.executable, "-m", "kafka_quota_proxy", "quotas", "resolve", "--config",
+         str(proxy.config_path), "--client-id", "app", *flags],
+        capture_output=True, text=True, timeout=60, check=True)
     return int(json.loads(out.stdout)["limits"]["producer_byte_rate"])
 
 
@@ -261,7 +262,7 @@ def test_answers_keep_their_place_among_pipelined_responses(admin_proxy: ProxyPr
             ids.append(int.from_bytes(wire.recv_exactly(size)[:4], "big"))
         assert ids == sorted(ids) and len(set(ids)) == 3
     with KafkaWire("127.0.0.1", admin_proxy.bootstrap_port) as wire:
-        from protocol.headers import encode_request_header
+        from kafka_quota_proxy.protocol.headers import encode_request_header
 
         frame = encode_request_header(48, 1, 1, "c") + b"\x05"
         wire.send_raw(len(frame).to_bytes(4, "big") + frame)
@@ -278,7 +279,7 @@ def test_the_proxys_answers_need_no_broker(tansu: TansuBroker,
     import os
     import signal
 
-    from protocol.headers import parse_response_header
+    from kafka_quota_proxy.protocol.headers import parse_response_header
     from testkit.e2e import KafkaWire
 
     counted = 'kafka_proxy_response_bytes_total{api="describe_client_quotas"}'

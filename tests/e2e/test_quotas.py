@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from demo.embedded_broker import TansuBroker
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker
 from testkit.e2e import ProxyProcess, new_topic, wait_for
 from testkit.rates import cycle_rate
 

@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 import yaml
 
-from config.loading import load_config
-from demo.embedded_broker import free_port, free_port_range, wait_for_port
+from kafka_quota_proxy.config.loading import load_config
+from kafka_quota_proxy.demo.embedded_broker import free_port, free_port_range, wait_for_port
 from testkit.install import DEPLOY, ROOT, build_context, carry_out_copies
 
 pytestmark = pytest.mark.e2e
@@ -64,7 +64,7 @@ sys.addaudithook(hook)
 # The image installs the runtime dependencies only. kio imports hypothesis when it is
 # installed (a test dependency here), and hypothesis keeps a cache in the working directory.
 sys.modules["hypothesis"] = None
-from cli.main import main
+from kafka_quota_proxy.cli.main import main
 sys.exit(main())
 """
 
@@ -108,7 +108,7 @@ def test_the_image_bakes_the_read_only_configuration(tmp_path: Path) -> None:
                                        f"{config.metrics.listen.port}/tcp"]
     assert f"HEALTHCHECK_PORT={listeners.bootstrap.port}" in runtime
 
-    check = subprocess.run([sys.executable, "-m", "cli.main", "check-config", str(baked)],
+    check = subprocess.run([sys.executable, "-m", "kafka_quota_proxy", "check-config", str(baked)],
                            cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stderr
     assert re.search(r"^capture\s+: off$", check.stdout, re.MULTILINE), check.stdout

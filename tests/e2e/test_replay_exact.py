@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from demo.embedded_broker import TansuBroker
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker
 from testkit import kafka_reference
 from testkit.e2e import ProxyProcess, new_topic, reproduce_capture
 

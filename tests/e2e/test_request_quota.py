@@ -19,7 +19,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from demo.embedded_broker import TansuBroker
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker
 from testkit.e2e import KafkaWire, ProxyProcess, new_topic, reproduce_capture, wait_for
 from testkit.rates import cycle_rate
 

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from demo.embedded_broker import TansuBroker, free_port, free_port_range
-from security.credentials import add_user
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker, free_port, free_port_range
+from kafka_quota_proxy.security.credentials import add_user
 from testkit.certs import Certs, Pem
 from testkit.e2e import ProxyProcess, wait_for
 from testkit.rates import cycle_rate

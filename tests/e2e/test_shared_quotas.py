@@ -19,8 +19,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from demo.embedded_broker import TansuBroker
-from security.credentials import add_user
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker
+from kafka_quota_proxy.security.credentials import add_user
 from testkit.e2e import ProxyProcess, new_topic, wait_for
 from testkit.rates import Cycles, cycle_rate
 

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from demo.embedded_broker import TansuBroker
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker
 from testkit.e2e import ProxyProcess, new_topic, reproduce_capture, wait_for
 from testkit.rates import cycle_rate
 from testkit.volumes import BASE, GB, NODE, Publisher

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from demo.embedded_broker import TansuBroker
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker
 from testkit.certs import Certs
 from testkit.e2e import ProxyProcess, new_topic, wait_for
 from testkit.volumes import BASE, GB, NODE, Publisher
@@ -135,7 +135,7 @@ storage:
 """)
     for command in ("check-config", "run"):
         args = [str(config)] if command == "check-config" else ["--config", str(config)]
-        done = subprocess.run([sys.executable, "-m", "proxy", command, *args],
+        done = subprocess.run([sys.executable, "-m", "kafka_quota_proxy", command, *args],
                               capture_output=True, text=True, timeout=60)
         assert done.returncode != 0, command
         assert (f"{config}:9:3: storage.exempt_client_ids: storage exemptions by client-id "

@@ -17,7 +17,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from confluent_kafka import KafkaError, Producer
 
-from demo.embedded_broker import TansuBroker
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker
 from testkit.e2e import ProxyProcess, new_topic, wait_for
 from testkit.volumes import BASE, GB, Publisher
 

@@ -18,7 +18,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from demo.embedded_broker import TansuBroker
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker
 from testkit.e2e import KafkaWire, ProxyProcess, new_topic, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -152,9 +152,9 @@ def _produce_frame(wire: KafkaWire, version: int, topics: list[str]) -> bytes:
 
 
 def _read_response(wire: KafkaWire, api_key: int, version: int) -> Any:
-    from protocol import apis
-    from protocol.headers import parse_response_header
-    from protocol.rewrite import decode_response
+    from kafka_quota_proxy.protocol import apis
+    from kafka_quota_proxy.protocol.headers import parse_response_header
+    from kafka_quota_proxy.protocol.rewrite import decode_response
 
     size = int.from_bytes(wire.recv_exactly(4), "big")
     frame = wire.recv_exactly(size)
@@ -400,7 +400,7 @@ def test_a_refused_produce_closes_after_what_came_before_it_is_answered(
     it writes nothing)."""
     import struct
 
-    from protocol.headers import encode_request_header
+    from kafka_quota_proxy.protocol.headers import encode_request_header
 
     port = guarded_proxy.broker_port(111)
     topic = new_topic(guarded_proxy.bootstrap, "before-produce")

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from demo.embedded_broker import TansuBroker, free_port
-from protocol.proxy_header import encode_v1, encode_v2
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker, free_port
+from kafka_quota_proxy.protocol.proxy_header import encode_v1, encode_v2
 from testkit.certs import Certs
 from testkit.e2e import KafkaWire, ProxyProcess, wait_for
 from testkit.secure_front import SecureFront

@@ -20,8 +20,8 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from demo.embedded_broker import TansuBroker, free_port
-from quota.storage import Limit, LimitType, Snapshot
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker, free_port
+from kafka_quota_proxy.quota.storage import Limit, LimitType, Snapshot
 from testkit.e2e import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -109,7 +109,7 @@ storage:
     log_path = tmp_path / "agent.log"
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "proxy", "volume-agent", "--config", str(config)],
+            [sys.executable, "-m", "kafka_quota_proxy", "volume-agent", "--config", str(config)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     a = Agent(process, metrics_port, log_path, topic, log_dir)

@@ -7,9 +7,9 @@ import uuid
 
 import pytest
 
-from demo.embedded_broker import TansuBroker
-from protocol import apis
-from protocol._api_table import API_TABLE
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker
+from kafka_quota_proxy.protocol import apis
+from kafka_quota_proxy.protocol._api_table import API_TABLE
 from testkit.e2e import KafkaWire, ProxyProcess
 
 pytestmark = pytest.mark.e2e
@@ -135,8 +135,8 @@ def test_pipelined_requests_keep_order(proxy: ProxyProcess) -> None:
             for _ in range(50)
         ]
         wire.send_raw(b"".join(frames))
-        from protocol.headers import parse_response_header
-        from protocol.rewrite import decode_response
+        from kafka_quota_proxy.protocol.headers import parse_response_header
+        from kafka_quota_proxy.protocol.rewrite import decode_response
 
         for i in range(50):
             size = int.from_bytes(wire.recv_exactly(4), "big")

@@ -5,7 +5,7 @@ from collections.abc import Iterator
 import pytest
 from pyspark.sql import SparkSession
 
-from spark_jobs.session import spark_session
+from kafka_quota_proxy.spark_jobs.session import spark_session
 
 
 @pytest.fixture(scope="session")

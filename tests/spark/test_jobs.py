@@ -8,9 +8,9 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
-from quota.replay import Recorded, replay, settings_from_section
-from spark_jobs.profile import entity_profile, per_interval
-from spark_jobs.replay import (
+from kafka_quota_proxy.quota.replay import Recorded, replay, settings_from_section
+from kafka_quota_proxy.spark_jobs.profile import entity_profile, per_interval
+from kafka_quota_proxy.spark_jobs.replay import (
     catalog_of,
     entity_totals,
     match_rate,
@@ -18,7 +18,7 @@ from spark_jobs.replay import (
     replay_summary,
     throttle_histogram,
 )
-from spark_jobs.tune import TuneOptions, recommend
+from kafka_quota_proxy.spark_jobs.tune import TuneOptions, recommend
 
 COLUMNS = ["run", "seq", "ts_ms", "quota_ms", "connection", "broker", "user", "client_id",
            "client_address", "api_key", "api_version", "request_bytes", "response_bytes",

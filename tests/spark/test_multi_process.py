@@ -16,11 +16,11 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import SparkSession
 
-from proxy.features.capture.writer import FIELDS
-from quota.capture_schema import SCHEMA_VERSION_KEY, process_id
-from quota.replay import Recorded, replay, settings_from_section
-from spark_jobs.main import run
-from spark_jobs.replay import overlapping
+from kafka_quota_proxy.proxy.features.capture.writer import FIELDS
+from kafka_quota_proxy.quota.capture_schema import SCHEMA_VERSION_KEY, process_id
+from kafka_quota_proxy.quota.replay import Recorded, replay, settings_from_section
+from kafka_quota_proxy.spark_jobs.main import run
+from kafka_quota_proxy.spark_jobs.replay import overlapping
 from testkit.synth_capture import write_capture_file
 
 QUOTA = 100_000.0  # producer_byte_rate of client-id "c"

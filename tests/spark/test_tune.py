@@ -17,11 +17,11 @@ import pytest
 import yaml
 from pyspark.sql import SparkSession
 
-from config.schema import QuotasConfig
-from quota.entities import EntityKey, QuotaType, metric_tags, quota_limit
-from quota.replay import settings_from_section
-from spark_jobs import profile, tune
-from spark_jobs.main import run
+from kafka_quota_proxy.config.schema import QuotasConfig
+from kafka_quota_proxy.quota.entities import EntityKey, QuotaType, metric_tags, quota_limit
+from kafka_quota_proxy.quota.replay import settings_from_section
+from kafka_quota_proxy.spark_jobs import profile, tune
+from kafka_quota_proxy.spark_jobs.main import run
 from testkit.synth_tenants import BAD_LIVE, generate, throttled_client_seconds
 
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from config.loading import parse_config
-from proxy.features.capture.writer import Capture
-from proxy.metrics import make_registry
-from proxy.server import Proxy
+from kafka_quota_proxy.config.loading import parse_config
+from kafka_quota_proxy.proxy.features.capture.writer import Capture
+from kafka_quota_proxy.proxy.metrics import make_registry
+from kafka_quota_proxy.proxy.server import Proxy
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "kafka-quota-proxy.json"
@@ -194,7 +194,7 @@ def test_the_registry_view_has_the_suffixed_sample_names(
 def test_every_query_uses_exported_metrics_and_their_labels(
         registry_names: dict[str, frozenset[str]]) -> None:
     sources = "\n".join(p.read_text() for package in ("proxy", "quota", "protocol")
-                        for p in (ROOT / package).rglob("*.py"))
+                        for p in (ROOT / "kafka_quota_proxy" / package).rglob("*.py"))
     problems: list[str] = []
     used: set[str] = set()
     all_queries = queries(load())

@@ -13,8 +13,10 @@ from typing import NamedTuple
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-DOC = ROOT / "docs" / "request-walk.md"
+REPO = Path(__file__).resolve().parents[2]
+DOC = REPO / "docs" / "request-walk.md"
+PACKAGE = "kafka_quota_proxy"
+ROOT = REPO / PACKAGE  # (the doc names files from the package's root, as every doc does)
 _ROW = re.compile(r"^\| (\d+) \| `([^`]+)` \| `([^`]+)` \| (.+) \|$")
 _COUNTS = re.compile(r"^Stops: (\d+)\. Returns to a file already left: (\d+)\.$")
 
@@ -69,8 +71,8 @@ def counted(rows: list[Row]) -> tuple[int, int]:
 
 
 def _module(path: str) -> ModuleType:
-    """The module of a file named by its path from the repository's root."""
-    parts = list(Path(path).with_suffix("").parts)
+    """The module of a file named by its path from the package's root."""
+    parts = [PACKAGE, *Path(path).with_suffix("").parts]
     if parts[-1] == "__init__":
         parts.pop()
     module = importlib.import_module(".".join(parts))

@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from quota.entities import DEFAULT, EntityKey, QuotaType
-from quota.replay import settings_from_section
-from spark_jobs.tune import (
+from kafka_quota_proxy.quota.entities import DEFAULT, EntityKey, QuotaType
+from kafka_quota_proxy.quota.replay import settings_from_section
+from kafka_quota_proxy.spark_jobs.tune import (
     TuneOptions,
     budget_demand,
     budget_mapping,

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import build_parser, main
-from proxy import __version__
+from kafka_quota_proxy import __version__
+from kafka_quota_proxy.cli.main import build_parser, main
 
 REPO = Path(__file__).resolve().parents[3]
 TIMEOUT = 60
@@ -22,7 +22,7 @@ TIMEOUT = 60
 
 def cli(*args: str, timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "proxy", *args],
+        [sys.executable, "-m", "kafka_quota_proxy", *args],
         capture_output=True, text=True, timeout=timeout, cwd=REPO,
     )
 
@@ -181,7 +181,7 @@ def test_run_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
         "  shutdown_timeout_seconds: 2\n"
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "proxy", "run", "--config", str(path)],
+        [sys.executable, "-m", "kafka_quota_proxy", "run", "--config", str(path)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
     )
     try:

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cli.main import main
-from security.credentials import Credentials
+from kafka_quota_proxy.cli.main import main
+from kafka_quota_proxy.security.credentials import Credentials
 
 FAST = "4096"  # the least SCRAM allows: quick PBKDF2
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from config.errors import ConfigError
-from config.loading import parse_config, parse_quotas
-from quota.entities import DEFAULT, EntityKey, QuotaType
+from kafka_quota_proxy.config.errors import ConfigError
+from kafka_quota_proxy.config.loading import parse_config, parse_quotas
+from kafka_quota_proxy.quota.entities import DEFAULT, EntityKey, QuotaType
 
 BASE = """listeners:
   bootstrap: "127.0.0.1:9192"
@@ -70,7 +70,7 @@ def test_duplicate_entity_is_an_error() -> None:
 
 
 def _cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "proxy", *args], input=stdin,
+    return subprocess.run([sys.executable, "-m", "kafka_quota_proxy", *args], input=stdin,
                           capture_output=True, text=True, timeout=60)
 
 
@@ -256,7 +256,7 @@ def test_help_says_a_quota_only_file_is_enough(command: str) -> None:
 ])
 def test_subcommand_help_says_what_it_does(command: str, fragment: str,
                                           capsys: pytest.CaptureFixture[str]) -> None:
-    from cli.main import main
+    from kafka_quota_proxy.cli.main import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["quotas", command, "--help"])

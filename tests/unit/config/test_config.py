@@ -15,10 +15,10 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from config.errors import ConfigError
-from config.loading import load_config, parse_config
-from config.schema import HostPort, PortRange, ProxyConfig
-from protocol.framing import DEFAULT_MAX_FRAME_BYTES
+from kafka_quota_proxy.config.errors import ConfigError
+from kafka_quota_proxy.config.loading import load_config, parse_config
+from kafka_quota_proxy.config.schema import HostPort, PortRange, ProxyConfig
+from kafka_quota_proxy.protocol.framing import DEFAULT_MAX_FRAME_BYTES
 from testkit import config_errors
 from testkit.hostile import alias_bomb
 
@@ -51,7 +51,7 @@ def single_error(text: str) -> dict[str, Any]:
 
 def check_config(path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "proxy", "check-config", str(path)],
+        [sys.executable, "-m", "kafka_quota_proxy", "check-config", str(path)],
         capture_output=True, text=True, timeout=60, cwd=REPO,
     )
 
@@ -512,7 +512,7 @@ def test_errors_come_in_the_order_of_the_file() -> None:
 
 
 def test_summary_names_every_section() -> None:
-    from config.summary import summarize
+    from kafka_quota_proxy.config.summary import summarize
 
     summary = summarize(load_config(DEPLOY / "config.example.yaml"))
     for fragment in ("capture            : /var/lib/kafka-quota-proxy/capture",
@@ -528,7 +528,7 @@ def test_summary_names_every_section() -> None:
 def test_summary_says_what_a_broker_sees_of_each_listener_kind() -> None:
     """Under SASL inspection a broker sees each client's own principal; on every other kind
     it sees the proxy's connection for every client, and check-config says so."""
-    from config.summary import summarize
+    from kafka_quota_proxy.config.summary import summarize
 
     lines = summarize(load_config(DEPLOY / "config.example.yaml")).splitlines()
     seen = [lines[i + 1] for i, line in enumerate(lines) if line.startswith("listener")]
@@ -656,7 +656,7 @@ def test_racks_form_from_the_issue() -> None:
 
 
 def test_custom_selector_by_module_and_class() -> None:
-    cfg = parse_config(BASE + "racks:\n  selector: routing.selector:LeaderSelector\n", SOURCE)
+    cfg = parse_config(BASE + "racks:\n  selector: kafka_quota_proxy.routing.selector:LeaderSelector\n", SOURCE)
     assert cfg.racks is not None
     assert type(cfg.racks.make_selector()).__name__ == "LeaderSelector"
 
@@ -666,7 +666,7 @@ def test_custom_selector_by_module_and_class() -> None:
     [
         ("racks:\n  selector: nearest\n", 8, "racks.selector", '"module:Class"'),
         ("racks:\n  selector: 'no_such_module:X'\n", 8, "racks.selector", "cannot import"),
-        ("racks:\n  selector: 'routing.selector:Nope'\n", 8, "racks.selector", "has no 'Nope'"),
+        ("racks:\n  selector: 'kafka_quota_proxy.routing.selector:Nope'\n", 8, "racks.selector", "has no 'Nope'"),
         ("racks:\n  decide: maybe\n", 8, "racks.decide", "'broker' or 'proxy'"),
         ("racks:\n  brokers: {one: a}\n", 8, "racks.brokers.one.[key]", "valid integer"),
         ("racks:\n  clients:\n    - {rack: a}\n", 9, "racks.clients.0", "client_id pattern"),

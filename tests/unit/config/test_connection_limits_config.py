@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from config.loading import parse_config
+from kafka_quota_proxy.config.loading import parse_config
 from testkit import config_errors
 
 SOURCE = "limits.yaml"

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from config.loading import parse_config
-from config.schema import QuotasConfig
-from proxy.features.connection_rates import ip_quotas, listeners_without_rates
-from quota.connection_rate import address_of
+from kafka_quota_proxy.config.loading import parse_config
+from kafka_quota_proxy.config.schema import QuotasConfig
+from kafka_quota_proxy.proxy.features.connection_rates import ip_quotas, listeners_without_rates
+from kafka_quota_proxy.quota.connection_rate import address_of
 from testkit import config_errors
 
 SOURCE = "rates.yaml"

@@ -8,8 +8,13 @@ from typing import Any
 
 import pytest
 
-from config.loading import parse_config
-from config.schema import ExtraListenerConfig, HostPort, ListenersConfig, PortRange
+from kafka_quota_proxy.config.loading import parse_config
+from kafka_quota_proxy.config.schema import (
+    ExtraListenerConfig,
+    HostPort,
+    ListenersConfig,
+    PortRange,
+)
 from testkit import config_errors
 
 SOURCE = "kinds.yaml"

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from config.loading import parse_config
-from config.security import ListenerSecurity, SaslConfig
-from security.principal_mapping import PrincipalMapper
+from kafka_quota_proxy.config.loading import parse_config
+from kafka_quota_proxy.config.security import ListenerSecurity, SaslConfig
+from kafka_quota_proxy.security.principal_mapping import PrincipalMapper
 from testkit import config_errors
 
 SOURCE = "security.yaml"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
-from config.loading import parse_config
+from kafka_quota_proxy.cli.main import main
+from kafka_quota_proxy.config.loading import parse_config
 from testkit import config_errors
 
 SOURCE = "limits.yaml"

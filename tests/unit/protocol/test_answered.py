@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol.client_quota_frames import describe_response
-from protocol.correlation import CorrelationTable, InFlight
-from protocol.errors import FrameTooLarge
-from protocol.interests import Interest, InterestTable
-from protocol.request_stream import WHOLE_FRAME_MAX, RequestStream
-from protocol.rewrite import ResponseRewriter
+from kafka_quota_proxy.protocol.client_quota_frames import describe_response
+from kafka_quota_proxy.protocol.correlation import CorrelationTable, InFlight
+from kafka_quota_proxy.protocol.errors import FrameTooLarge
+from kafka_quota_proxy.protocol.interests import Interest, InterestTable
+from kafka_quota_proxy.protocol.request_stream import WHOLE_FRAME_MAX, RequestStream
+from kafka_quota_proxy.protocol.rewrite import ResponseRewriter
 from testkit.frames import request_frame, split
 
 

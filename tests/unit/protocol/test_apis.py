@@ -9,9 +9,9 @@ import pytest
 from kio.index import load_response_schema
 from kio.schema.index import api_key_map, schema_name_map
 
-from protocol import apis
-from protocol._api_table import API_TABLE
-from protocol.apis import ADDRESS_BEARING, ApiKey
+from kafka_quota_proxy.protocol import apis
+from kafka_quota_proxy.protocol._api_table import API_TABLE
+from kafka_quota_proxy.protocol.apis import ADDRESS_BEARING, ApiKey
 
 PRODUCE, FETCH, METADATA, OFFSET_FETCH, FIND_COORDINATOR = 0, 1, 3, 9, 10
 SASL_HANDSHAKE, API_VERSIONS, DESCRIBE_QUORUM, DESCRIBE_CLUSTER = 17, 18, 55, 60

@@ -7,8 +7,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol.correlation import CorrelationTable
-from protocol.request_stream import RequestStream
+from kafka_quota_proxy.protocol.correlation import CorrelationTable
+from kafka_quota_proxy.protocol.request_stream import RequestStream
 from testkit.frames import request_frame, split
 
 

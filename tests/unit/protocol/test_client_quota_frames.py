@@ -10,8 +10,8 @@ import pytest
 from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
-from protocol import apis
-from protocol.client_quota_frames import (
+from kafka_quota_proxy.protocol import apis
+from kafka_quota_proxy.protocol.client_quota_frames import (
     ALTER_CLIENT_QUOTAS,
     DESCRIBE_CLIENT_QUOTAS,
     AlterOp,
@@ -20,8 +20,8 @@ from protocol.client_quota_frames import (
     decode_describe,
     describe_response,
 )
-from protocol.errors import MalformedFrame
-from protocol.headers import encode_request_header, parse_response_header
+from kafka_quota_proxy.protocol.errors import MalformedFrame
+from kafka_quota_proxy.protocol.headers import encode_request_header, parse_response_header
 
 
 def _request(api_key: int, version: int, correlation_id: int, client_id: str | None,

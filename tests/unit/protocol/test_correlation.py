@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.correlation import CorrelationTable, InFlight
-from protocol.errors import CorrelationError, ProtocolError
+from kafka_quota_proxy.protocol.correlation import CorrelationTable, InFlight
+from kafka_quota_proxy.protocol.errors import CorrelationError, ProtocolError
 
 
 def entry(correlation_id: int, api_key: int = 3) -> InFlight:

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.index import load_request_schema
 
-from protocol.fetch import (
+from kafka_quota_proxy.protocol.fetch import (
     FINAL_EPOCH,
     FIRST_VERSION,
     ask_for_nothing,

@@ -13,18 +13,18 @@ from hypothesis import strategies as st
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 
-from protocol import apis
-from protocol.correlation import CorrelationTable, InFlight
-from protocol.headers import encode_request_header
-from protocol.incremental import (
+from kafka_quota_proxy.protocol import apis
+from kafka_quota_proxy.protocol.correlation import CorrelationTable, InFlight
+from kafka_quota_proxy.protocol.headers import encode_request_header
+from kafka_quota_proxy.protocol.incremental import (
     PartitionBytes,
     Walker,
     fetch_response_walk,
     produce_request_walk,
 )
-from protocol.interests import ADDRESSES, Interest, InterestTable, addresses
-from protocol.request_stream import RequestStream
-from protocol.response_stream import ResponseStarted, ResponseStream
+from kafka_quota_proxy.protocol.interests import ADDRESSES, Interest, InterestTable, addresses
+from kafka_quota_proxy.protocol.request_stream import RequestStream
+from kafka_quota_proxy.protocol.response_stream import ResponseStarted, ResponseStream
 from testkit.frames import chunked, kio_encode, kio_values, ms, response_class, response_frame
 
 FETCH = 1

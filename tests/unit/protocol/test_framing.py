@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol import apis
-from protocol._api_table import API_TABLE
-from protocol.correlation import CorrelationTable, InFlight
-from protocol.errors import (
+from kafka_quota_proxy.protocol import apis
+from kafka_quota_proxy.protocol._api_table import API_TABLE
+from kafka_quota_proxy.protocol.correlation import CorrelationTable, InFlight
+from kafka_quota_proxy.protocol.errors import (
     CorrelationError,
     FrameTooLarge,
     MalformedFrame,
@@ -22,11 +22,11 @@ from protocol.errors import (
     UnknownApiKey,
     UnsupportedVersion,
 )
-from protocol.framing import DEFAULT_MAX_FRAME_BYTES
-from protocol.headers import encode_request_header
-from protocol.request_stream import RequestStream
-from protocol.response_stream import Forward, ResponseStarted, ResponseStream
-from protocol.rewrite import ResponseRewriter
+from kafka_quota_proxy.protocol.framing import DEFAULT_MAX_FRAME_BYTES
+from kafka_quota_proxy.protocol.headers import encode_request_header
+from kafka_quota_proxy.protocol.request_stream import RequestStream
+from kafka_quota_proxy.protocol.response_stream import Forward, ResponseStarted, ResponseStream
+from kafka_quota_proxy.protocol.rewrite import ResponseRewriter
 from testkit.frames import (
     chunked,
     frame,

@@ -26,15 +26,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import protocol.headers as headers_mod
-import protocol.primitives as primitives_mod
-import protocol.request_stream as stream_mod
-from protocol import apis
-from protocol._api_table import API_TABLE
-from protocol.correlation import CorrelationTable, InFlight
-from protocol.errors import MalformedFrame, ProtocolError
-from protocol.headers import HeaderProgress, encode_request_header, parse_request_header
-from protocol.request_stream import RequestStream
+import kafka_quota_proxy.protocol.headers as headers_mod
+import kafka_quota_proxy.protocol.primitives as primitives_mod
+import kafka_quota_proxy.protocol.request_stream as stream_mod
+from kafka_quota_proxy.protocol import apis
+from kafka_quota_proxy.protocol._api_table import API_TABLE
+from kafka_quota_proxy.protocol.correlation import CorrelationTable, InFlight
+from kafka_quota_proxy.protocol.errors import MalformedFrame, ProtocolError
+from kafka_quota_proxy.protocol.headers import (
+    HeaderProgress,
+    encode_request_header,
+    parse_request_header,
+)
+from kafka_quota_proxy.protocol.request_stream import RequestStream
 from testkit.frames import produce_body_prefix, tagged_fields_strategy, texts
 
 MAX_HEADER = 2 * 32767 + 4096  # stream._MAX_HEADER_BYTES

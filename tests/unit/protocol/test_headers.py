@@ -15,16 +15,16 @@ from kio.schema.response_header.v0.header import ResponseHeader as KioResponseHe
 from kio.schema.response_header.v1.header import ResponseHeader as KioResponseHeaderV1
 from kio.static.primitive import i16, i32
 
-from protocol import apis
-from protocol._api_table import API_TABLE
-from protocol.headers import (
+from kafka_quota_proxy.protocol import apis
+from kafka_quota_proxy.protocol._api_table import API_TABLE
+from kafka_quota_proxy.protocol.headers import (
     encode_request_header,
     encode_response_header,
     parse_request_header,
     parse_response_header,
     produce_acks,
 )
-from protocol.primitives import encode_tagged_fields
+from kafka_quota_proxy.protocol.primitives import encode_tagged_fields
 from testkit.frames import kio_encode, produce_body_prefix, tagged_fields_strategy, texts
 
 INT32_VALUES = st.integers(min_value=-(2**31), max_value=2**31 - 1)

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-from protocol import apis
-from protocol._api_table import API_TABLE
-from protocol.interests import ADDRESSES, NOTHING, Interest, InterestTable, addresses
+from kafka_quota_proxy.protocol import apis
+from kafka_quota_proxy.protocol._api_table import API_TABLE
+from kafka_quota_proxy.protocol.interests import (
+    ADDRESSES,
+    NOTHING,
+    Interest,
+    InterestTable,
+    addresses,
+)
 
 
 def _routing(api_key: int, api_version: int) -> Interest:

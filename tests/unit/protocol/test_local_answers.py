@@ -7,8 +7,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol.correlation import CorrelationTable, InFlight
-from protocol.response_stream import Forward, ResponseStarted, ResponseStream
+from kafka_quota_proxy.protocol.correlation import CorrelationTable, InFlight
+from kafka_quota_proxy.protocol.response_stream import Forward, ResponseStarted, ResponseStream
 from testkit.frames import frame, response_frame
 
 PRODUCE, DESCRIBE = 0, 48

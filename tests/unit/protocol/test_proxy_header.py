@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol.errors import ProtocolError
-from protocol.proxy_header import (
+from kafka_quota_proxy.protocol.errors import ProtocolError
+from kafka_quota_proxy.protocol.proxy_header import (
     V2_SIGNATURE,
     ProxyHeader,
     ProxyHeaderError,

@@ -11,16 +11,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 
-from protocol import apis
-from protocol._api_table import API_TABLE
-from protocol.apis import ANSWERED_BY_PROXY
-from protocol.correlation import CorrelationTable, InFlight
-from protocol.errors import MalformedFrame, ProtocolError
-from protocol.headers import encode_response_header
-from protocol.primitives import encode_tagged_fields
-from protocol.response_stream import ResponseStream
-from protocol.rewrite import ResponseRewriter, UndecodableResponse
-from protocol.skim import fetch_response_layout, produce_response_layout
+from kafka_quota_proxy.protocol import apis
+from kafka_quota_proxy.protocol._api_table import API_TABLE
+from kafka_quota_proxy.protocol.apis import ANSWERED_BY_PROXY
+from kafka_quota_proxy.protocol.correlation import CorrelationTable, InFlight
+from kafka_quota_proxy.protocol.errors import MalformedFrame, ProtocolError
+from kafka_quota_proxy.protocol.headers import encode_response_header
+from kafka_quota_proxy.protocol.primitives import encode_tagged_fields
+from kafka_quota_proxy.protocol.response_stream import ResponseStream
+from kafka_quota_proxy.protocol.rewrite import ResponseRewriter, UndecodableResponse
+from kafka_quota_proxy.protocol.skim import fetch_response_layout, produce_response_layout
 from testkit.frames import (
     PROXY_HOST,
     PROXY_PORT_BASE,

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol._api_table import API_TABLE
-from protocol.primitives import encode_tagged_fields, skip_tagged_fields
-from protocol.skim import Layout, fetch_response_layout, produce_response_layout
+from kafka_quota_proxy.protocol._api_table import API_TABLE
+from kafka_quota_proxy.protocol.primitives import encode_tagged_fields, skip_tagged_fields
+from kafka_quota_proxy.protocol.skim import Layout, fetch_response_layout, produce_response_layout
 from testkit.frames import kio_decode, kio_encode, kio_values, ms, response_class
 
 PRODUCE, FETCH = 0, 1

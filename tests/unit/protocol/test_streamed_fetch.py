@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol import apis
-from protocol.correlation import CorrelationTable, InFlight
-from protocol.incremental import Walker, fetch_response_walk
-from protocol.primitives import encode_tagged_fields, read_tagged_fields
-from protocol.response_stream import ResponseStream
-from protocol.rewrite import ResponseRewriter, fit_tagged_fields
-from protocol.skim import fetch_response_layout
+from kafka_quota_proxy.protocol import apis
+from kafka_quota_proxy.protocol.correlation import CorrelationTable, InFlight
+from kafka_quota_proxy.protocol.incremental import Walker, fetch_response_walk
+from kafka_quota_proxy.protocol.primitives import encode_tagged_fields, read_tagged_fields
+from kafka_quota_proxy.protocol.response_stream import ResponseStream
+from kafka_quota_proxy.protocol.rewrite import ResponseRewriter, fit_tagged_fields
+from kafka_quota_proxy.protocol.skim import fetch_response_layout
 from testkit.frames import (
     PROXY_HOST,
     RecordingAddressMap,

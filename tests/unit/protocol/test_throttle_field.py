@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol import apis
-from protocol.correlation import CorrelationTable, InFlight
-from protocol.request_stream import RequestStream
-from protocol.rewrite import set_throttle_time, throttle_field
+from kafka_quota_proxy.protocol import apis
+from kafka_quota_proxy.protocol.correlation import CorrelationTable, InFlight
+from kafka_quota_proxy.protocol.request_stream import RequestStream
+from kafka_quota_proxy.protocol.rewrite import set_throttle_time, throttle_field
 from testkit.frames import kio_decode, kio_encode, kio_values, response_class, response_frame
 
 CASES = [(0, v) for v in range(3, apis.kio_version_range(0)[1] + 1)] + [

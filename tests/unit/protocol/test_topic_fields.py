@@ -12,10 +12,10 @@ import pytest
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.types import TopicName
 
-from protocol import topic_fields as tf
-from protocol.decoded import response_body
-from protocol.headers import encode_request_header, encode_response_header
-from protocol.topic_fields import (
+from kafka_quota_proxy.protocol import topic_fields as tf
+from kafka_quota_proxy.protocol.decoded import response_body
+from kafka_quota_proxy.protocol.headers import encode_request_header, encode_response_header
+from kafka_quota_proxy.protocol.topic_fields import (
     HANDLING,
     TOPIC_AUTHORIZATION_FAILED,
     MetadataHandling,

@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 
-from protocol.correlation import CorrelationTable, InFlight
-from protocol.decoded import response_body
-from protocol.headers import encode_request_header, encode_response_header
-from protocol.interests import Interest, InterestTable
-from protocol.request_stream import RequestStream
-from protocol.topic_fields import (
+from kafka_quota_proxy.protocol.correlation import CorrelationTable, InFlight
+from kafka_quota_proxy.protocol.decoded import response_body
+from kafka_quota_proxy.protocol.headers import encode_request_header, encode_response_header
+from kafka_quota_proxy.protocol.interests import Interest, InterestTable
+from kafka_quota_proxy.protocol.request_stream import RequestStream
+from kafka_quota_proxy.protocol.topic_fields import (
     TOPIC_AUTHORIZATION_FAILED,
     blank,
     encode,
@@ -28,7 +28,12 @@ from protocol.topic_fields import (
     read_topics,
     refused_response,
 )
-from protocol.topic_guard import SPOILED, GuardedTopics, ProduceTopics, produce_with_refused
+from kafka_quota_proxy.protocol.topic_guard import (
+    SPOILED,
+    GuardedTopics,
+    ProduceTopics,
+    produce_with_refused,
+)
 from testkit.frames import frame, split
 
 GUARDED = "__kafka_quota_proxy_quotas"
@@ -183,7 +188,7 @@ def test_a_follower_fetch_is_answered_with_every_partition_refused() -> None:
 
 
 def test_the_replica_state_tag_names_a_follower_from_v15() -> None:
-    from proxy.features.topic_guard.filter import TopicGuardFilter
+    from kafka_quota_proxy.proxy.features.topic_guard.filter import TopicGuardFilter
 
     m = _module(1, 15)
     base = dict(max_wait=timedelta(milliseconds=500), min_bytes=1, max_bytes=1 << 20,
@@ -218,7 +223,7 @@ def test_guarded_topics_learn_ids_and_search_frames() -> None:
 def test_a_response_listing_guarded_topics_unasked_leaves_them_out() -> None:
     """DescribeLogDirs for all topics lists every topic of every directory: the guarded
     ones are taken out."""
-    from protocol.topic_fields import response_without
+    from kafka_quota_proxy.protocol.topic_fields import response_without
 
     topics = _guard()
     m = _module(35, 4, "response")

@@ -10,11 +10,11 @@ import asyncio
 import socket
 from typing import Any
 
-from protocol.proxy_header import encode_v1
-from proxy.accept import SecuredServer
-from proxy.admission import UNTRUSTED_SOURCE, ConnectionSlots, TrustedSources
-from proxy.metrics import ProxyStats
-from quota.connection_limits import ConnectionLimits
+from kafka_quota_proxy.protocol.proxy_header import encode_v1
+from kafka_quota_proxy.proxy.accept import SecuredServer
+from kafka_quota_proxy.proxy.admission import UNTRUSTED_SOURCE, ConnectionSlots, TrustedSources
+from kafka_quota_proxy.proxy.metrics import ProxyStats
+from kafka_quota_proxy.quota.connection_limits import ConnectionLimits
 from testkit.accept import Conn, Transport, accept, guard
 
 

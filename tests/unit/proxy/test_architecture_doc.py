@@ -11,11 +11,11 @@ import pkgutil
 from pathlib import Path
 from types import ModuleType
 
-import proxy.features
-import proxy.filters
-from proxy.feature import Feature
-from proxy.features import FEATURES
-from proxy.filters.base import Filter, FilterChain
+import kafka_quota_proxy.proxy.features as features_package
+import kafka_quota_proxy.proxy.filters as filters_package
+from kafka_quota_proxy.proxy.feature import Feature
+from kafka_quota_proxy.proxy.features import FEATURES
+from kafka_quota_proxy.proxy.filters.base import Filter, FilterChain
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "architecture.md"
 HOOKS = [h for h in FilterChain.__slots__ if h != "filters"]
@@ -41,12 +41,13 @@ def _rows() -> dict[str, str]:
 def _path(cls: type) -> str:
     module = importlib.import_module(cls.__module__)
     assert module.__file__ is not None
-    return str(Path(module.__file__).relative_to(DOC.parents[1]))
+    # (the doc names files from the package's root)
+    return str(Path(module.__file__).relative_to(DOC.parents[1] / "kafka_quota_proxy"))
 
 
 def test_every_filter_and_its_hooks_are_in_the_chain_table() -> None:
     rows = _rows()
-    filters = _classes(proxy.filters, Filter) + _classes(proxy.features, Filter)
+    filters = _classes(filters_package, Filter) + _classes(features_package, Filter)
     assert len(filters) >= 9
     for cls in filters:
         row = rows.get(cls.__name__)
@@ -61,7 +62,7 @@ def test_every_feature_and_its_lifecycle_are_in_the_feature_table() -> None:
     rows = _rows()
     features = [make.__self__ for make in FEATURES]  # type: ignore[attr-defined]
     assert len(features) >= 9 and all(issubclass(f, Feature) for f in features)
-    assert sorted(_classes(proxy.features, Feature), key=str) == sorted(features, key=str), \
+    assert sorted(_classes(features_package, Feature), key=str) == sorted(features, key=str), \
         "a feature class that FEATURES does not register"
     for cls in features:
         row = rows.get(cls.__name__)

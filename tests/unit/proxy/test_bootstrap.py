@@ -6,9 +6,9 @@ port the connection came in on."""
 
 from __future__ import annotations
 
-from protocol.addresses import BrokerAddresses
-from proxy.bootstrap import BootstrapRoutes
-from quota.enforcer import BOOTSTRAP_SCOPE
+from kafka_quota_proxy.protocol.addresses import BrokerAddresses
+from kafka_quota_proxy.proxy.bootstrap import BootstrapRoutes
+from kafka_quota_proxy.quota.enforcer import BOOTSTRAP_SCOPE
 from testkit.accept import Conn, Transport, guard
 
 SERVERS = [("kafka-a.example", 9092), ("kafka-b.example", 9092)]
@@ -97,9 +97,9 @@ async def test_a_bootstrap_connection_takes_the_scope_of_the_broker_it_reached()
     then 6, and uses 6's budgets; the next one goes to 6 in turn."""
     import asyncio
 
-    from config.loading import parse_config
-    from demo.embedded_broker import free_port, free_port_range
-    from proxy.server import Proxy
+    from kafka_quota_proxy.config.loading import parse_config
+    from kafka_quota_proxy.demo.embedded_broker import free_port, free_port_range
+    from kafka_quota_proxy.proxy.server import Proxy
 
     reached = 0
 

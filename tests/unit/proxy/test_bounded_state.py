@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from config.schema import RacksConfig
-from proxy.features.fetch_routing.routing import OTHER_RACK, REDIRECTED_LIMIT, FetchRouting
-from proxy.metrics import ProxyStats, make_registry
-from quota.entities import DEFAULT, EntityKey, QuotaType
-from quota.manager import CACHE_LIMIT, QuotaManager, QuotaSettings
+from kafka_quota_proxy.config.schema import RacksConfig
+from kafka_quota_proxy.proxy.features.fetch_routing.routing import (
+    OTHER_RACK,
+    REDIRECTED_LIMIT,
+    FetchRouting,
+)
+from kafka_quota_proxy.proxy.metrics import ProxyStats, make_registry
+from kafka_quota_proxy.quota.entities import DEFAULT, EntityKey, QuotaType
+from kafka_quota_proxy.quota.manager import CACHE_LIMIT, QuotaManager, QuotaSettings
 
 
 def _scrape(stats: ProxyStats) -> dict[str, float]:
@@ -123,8 +127,8 @@ def test_fetch_redirects_remembered_are_bounded() -> None:
 
 
 def test_sensor_idle_expiry_is_configurable_and_applies_to_every_broker() -> None:
-    from config.schema import QuotasConfig
-    from quota.enforcer import QuotaEnforcer
+    from kafka_quota_proxy.config.schema import QuotasConfig
+    from kafka_quota_proxy.quota.enforcer import QuotaEnforcer
 
     assert QuotasConfig().sensor_idle_expiry_seconds == 3600  # Kafka's hour
     config = QuotasConfig.model_validate({

@@ -6,12 +6,12 @@ import asyncio
 
 import pytest
 
-from config.loading import parse_config
-from demo.embedded_broker import free_port, free_port_range
-from protocol.addresses import Broker, BrokerAddresses, BrokerPortsExhausted
-from protocol.correlation import InFlight
-from protocol.rewrite import ResponseRewriter
-from proxy.brokers import ListeningRewriter
+from kafka_quota_proxy.config.loading import parse_config
+from kafka_quota_proxy.demo.embedded_broker import free_port, free_port_range
+from kafka_quota_proxy.protocol.addresses import Broker, BrokerAddresses, BrokerPortsExhausted
+from kafka_quota_proxy.protocol.correlation import InFlight
+from kafka_quota_proxy.protocol.rewrite import ResponseRewriter
+from kafka_quota_proxy.proxy.brokers import ListeningRewriter
 from testkit.frames import response_frame
 
 FIND_COORDINATOR = 10
@@ -102,7 +102,7 @@ def test_exhausted_range_raises() -> None:
 
 
 async def test_new_broker_gets_a_listening_port_at_once() -> None:
-    from proxy.server import Proxy
+    from kafka_quota_proxy.proxy.server import Proxy
 
     base, _ = free_port_range(5)
     config = parse_config(f"""

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from proxy.features.capture.writer import (
+from kafka_quota_proxy.proxy.features.capture.writer import (
     FIELDS,
     SCHEMA,
     SCHEMA_VERSION,
@@ -22,7 +22,7 @@ from proxy.features.capture.writer import (
     CaptureWriter,
     read_capture_file,
 )
-from quota.capture_schema import SCHEMA_VERSION_KEY, CaptureRow
+from kafka_quota_proxy.quota.capture_schema import SCHEMA_VERSION_KEY, CaptureRow
 
 
 def row(i: int) -> tuple[Any, ...]:

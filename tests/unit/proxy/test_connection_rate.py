@@ -12,15 +12,15 @@ import socket
 import time
 from typing import Any
 
-from config.loading import parse_config
-from protocol.proxy_header import encode_v1
-from proxy.accept import SecuredServer
-from proxy.features.connection_rates import (
+from kafka_quota_proxy.config.loading import parse_config
+from kafka_quota_proxy.protocol.proxy_header import encode_v1
+from kafka_quota_proxy.proxy.accept import SecuredServer
+from kafka_quota_proxy.proxy.features.connection_rates import (
     CLOSE_REASON,
     Admission,
 )
-from proxy.server import Proxy
-from quota.connection_rate import address_of
+from kafka_quota_proxy.proxy.server import Proxy
+from kafka_quota_proxy.quota.connection_rate import address_of
 from testkit.accept import Conn, accept, guard
 
 

@@ -15,18 +15,21 @@ import pytest
 from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
-from config.schema import QuotasConfig
-from protocol import apis
-from protocol.correlation import InFlight
-from protocol.headers import (
+from kafka_quota_proxy.config.schema import QuotasConfig
+from kafka_quota_proxy.protocol import apis
+from kafka_quota_proxy.protocol.correlation import InFlight
+from kafka_quota_proxy.protocol.headers import (
     encode_request_header,
     encode_response_header,
     parse_request_header,
     parse_response_header,
 )
-from protocol.mutation_frames import decode_request
-from proxy.features.controller_mutation.filter import CONTROLLER_MUTATION, ControllerMutationFilter
-from proxy.features.controller_mutation.mutations import ControllerMutations
+from kafka_quota_proxy.protocol.mutation_frames import decode_request
+from kafka_quota_proxy.proxy.features.controller_mutation.filter import (
+    CONTROLLER_MUTATION,
+    ControllerMutationFilter,
+)
+from kafka_quota_proxy.proxy.features.controller_mutation.mutations import ControllerMutations
 from testkit.filter_host import FakeFilterHost
 from testkit.frames import create_topics_request
 
@@ -36,7 +39,8 @@ NOW = [1_700_000_000_000]
 @pytest.fixture(autouse=True)
 def _frozen_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """The filter's clock stands still unless a test moves it (exact Kafka numbers)."""
-    monkeypatch.setattr("proxy.features.controller_mutation.filter.now_ms", lambda: NOW[0])
+    monkeypatch.setattr("kafka_quota_proxy.proxy.features.controller_mutation.filter.now_ms",
+                        lambda: NOW[0])
 
 
 def _mutations(rate: float = 1.0, samples: int = 11) -> ControllerMutations:
@@ -307,9 +311,9 @@ def test_metadata_responses_teach_partition_counts() -> None:
 def test_a_request_forwarded_without_topics_gets_its_own_size_among_pipelined_frames() -> None:
     """A shorter frame replaces the client's (``patch_captured``): its size prefix is its own
     and the frames around it go through byte for byte."""
-    from protocol.correlation import CorrelationTable
-    from protocol.request_stream import RequestStream
-    from proxy.connection import patch_captured
+    from kafka_quota_proxy.protocol.correlation import CorrelationTable
+    from kafka_quota_proxy.protocol.request_stream import RequestStream
+    from kafka_quota_proxy.proxy.connection import patch_captured
     from testkit.frames import request_frame
 
     m = _mutations(1.0)

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from config.schema import CoordinationConfig
-from proxy.cluster_topics import mac_headers, signed
-from proxy.features.coordination import Coordination, own_process_id
-from quota.enforcer import QuotaEnforcer
-from quota.entities import EntityKey, QuotaType
-from quota.manager import QuotaSettings
-from quota.shared import UsageReport
+from kafka_quota_proxy.config.schema import CoordinationConfig
+from kafka_quota_proxy.proxy.cluster_topics import mac_headers, signed
+from kafka_quota_proxy.proxy.features.coordination import Coordination, own_process_id
+from kafka_quota_proxy.quota.enforcer import QuotaEnforcer
+from kafka_quota_proxy.quota.entities import EntityKey, QuotaType
+from kafka_quota_proxy.quota.manager import QuotaSettings
+from kafka_quota_proxy.quota.shared import UsageReport
 
 P = QuotaType.PRODUCE
 SETTINGS = QuotaSettings(entities={EntityKey(None, "app"): {P: 1_000_000.0}})

@@ -12,9 +12,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol.correlation import CorrelationTable, InFlight
-from protocol.request_stream import RequestStream
-from proxy.connection import patch_captured
+from kafka_quota_proxy.protocol.correlation import CorrelationTable, InFlight
+from kafka_quota_proxy.protocol.request_stream import RequestStream
+from kafka_quota_proxy.proxy.connection import patch_captured
 from testkit.frames import chunked, request_frame
 
 FETCH, METADATA = 1, 3

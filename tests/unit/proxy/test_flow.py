@@ -9,7 +9,7 @@ from typing import Any
 
 import uvloop
 
-from proxy.flow import ReadGate
+from kafka_quota_proxy.proxy.flow import ReadGate
 
 
 class _Transport:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from proxy.metrics import ProxyStats, make_registry
+from kafka_quota_proxy.proxy.metrics import ProxyStats, make_registry
 
 
 def _scrape(stats: ProxyStats) -> dict[str, float]:

@@ -16,16 +16,16 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from config.schema import NetworkConfig
-from protocol.correlation import InFlight
-from protocol.headers import encode_request_header
-from protocol.interests import InterestTable
-from protocol.topic_fields import encode
-from proxy.connection import ProxiedConnection, UpstreamSide
-from proxy.context import ConnectionContext
-from proxy.features.topic_guard.filter import TopicGuardFilter
-from proxy.features.topic_guard.guard import TopicGuard
-from proxy.metrics import ProxyStats
+from kafka_quota_proxy.config.schema import NetworkConfig
+from kafka_quota_proxy.protocol.correlation import InFlight
+from kafka_quota_proxy.protocol.headers import encode_request_header
+from kafka_quota_proxy.protocol.interests import InterestTable
+from kafka_quota_proxy.protocol.topic_fields import encode
+from kafka_quota_proxy.proxy.connection import ProxiedConnection, UpstreamSide
+from kafka_quota_proxy.proxy.context import ConnectionContext
+from kafka_quota_proxy.proxy.features.topic_guard.filter import TopicGuardFilter
+from kafka_quota_proxy.proxy.features.topic_guard.guard import TopicGuard
+from kafka_quota_proxy.proxy.metrics import ProxyStats
 from testkit.frames import frame, kio_request, request_frame
 
 GUARDED = "__kafka_quota_proxy_quotas"

@@ -13,15 +13,19 @@ import pytest
 from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
-from config.schema import QuotasConfig
-from protocol import apis
-from protocol.correlation import CorrelationTable, InFlight
-from protocol.headers import encode_request_header, parse_request_header, parse_response_header
-from protocol.request_stream import RequestStream
-from proxy.connection import patch_captured
-from proxy.features.quota_admin.admin import AlterFailed, ClientQuotaAdmin
-from proxy.features.quota_admin.filter import QuotaAdminFilter
-from quota.client_quotas import Change, encode_record
+from kafka_quota_proxy.config.schema import QuotasConfig
+from kafka_quota_proxy.protocol import apis
+from kafka_quota_proxy.protocol.correlation import CorrelationTable, InFlight
+from kafka_quota_proxy.protocol.headers import (
+    encode_request_header,
+    parse_request_header,
+    parse_response_header,
+)
+from kafka_quota_proxy.protocol.request_stream import RequestStream
+from kafka_quota_proxy.proxy.connection import patch_captured
+from kafka_quota_proxy.proxy.features.quota_admin.admin import AlterFailed, ClientQuotaAdmin
+from kafka_quota_proxy.proxy.features.quota_admin.filter import QuotaAdminFilter
+from kafka_quota_proxy.quota.client_quotas import Change, encode_record
 from testkit.filter_host import FakeFilterHost
 from testkit.frames import request_frame
 

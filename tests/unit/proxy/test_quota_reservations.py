@@ -6,13 +6,13 @@ dropped from the correlation table (it never gets a response)."""
 
 from __future__ import annotations
 
-from protocol.apis import ApiKey
-from protocol.correlation import CorrelationTable, InFlight
-from proxy.features.quotas.filter import QuotaFilter
-from proxy.metrics import ProxyStats
-from quota.enforcer import QuotaEnforcer
-from quota.entities import DEFAULT, EntityKey, QuotaType
-from quota.manager import QuotaSettings
+from kafka_quota_proxy.protocol.apis import ApiKey
+from kafka_quota_proxy.protocol.correlation import CorrelationTable, InFlight
+from kafka_quota_proxy.proxy.features.quotas.filter import QuotaFilter
+from kafka_quota_proxy.proxy.metrics import ProxyStats
+from kafka_quota_proxy.quota.enforcer import QuotaEnforcer
+from kafka_quota_proxy.quota.entities import DEFAULT, EntityKey, QuotaType
+from kafka_quota_proxy.quota.manager import QuotaSettings
 from testkit.filter_host import FakeFilterHost
 
 NOW = 1_000_000

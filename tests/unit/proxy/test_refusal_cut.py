@@ -4,9 +4,9 @@ a refused frame not whole in the read (part of it may be upstream) cannot be cut
 
 from __future__ import annotations
 
-from protocol.correlation import CorrelationTable, InFlight
-from protocol.request_stream import RequestStream
-from proxy.connection import patch_captured
+from kafka_quota_proxy.protocol.correlation import CorrelationTable, InFlight
+from kafka_quota_proxy.protocol.request_stream import RequestStream
+from kafka_quota_proxy.proxy.connection import patch_captured
 from testkit.frames import request_frame
 
 
@@ -62,7 +62,7 @@ def test_a_refused_produce_is_cut_in_its_place_among_the_captured_frames() -> No
     """A Produce followed as it passed (``watched``) is given to ``produce`` in the order the
     requests were read: the captured frames before it are visited and patched, it and all
     after it cut out, from where it starts."""
-    from protocol.topic_guard import GuardedTopics, ProduceTopics
+    from kafka_quota_proxy.protocol.topic_guard import GuardedTopics, ProduceTopics
 
     topics = GuardedTopics(["guarded"])
     stream = RequestStream(CorrelationTable(), capture=lambda e: e.api_key == 3,
@@ -90,7 +90,7 @@ def test_a_refused_produce_is_cut_in_its_place_among_the_captured_frames() -> No
 
 
 def test_a_refused_produce_begun_in_an_earlier_read_cannot_be_cut() -> None:
-    from protocol.topic_guard import GuardedTopics, ProduceTopics
+    from kafka_quota_proxy.protocol.topic_guard import GuardedTopics, ProduceTopics
 
     topics = GuardedTopics(["guarded"])
     stream = RequestStream(CorrelationTable(),

@@ -18,9 +18,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from kio.static.primitive import i64Timedelta
 
-from protocol.correlation import InFlight
-from protocol.interests import Interest
-from protocol.sasl_frames import (
+from kafka_quota_proxy.protocol.correlation import InFlight
+from kafka_quota_proxy.protocol.interests import Interest
+from kafka_quota_proxy.protocol.sasl_frames import (
     API_VERSIONS,
     ILLEGAL_SASL_STATE,
     SASL_AUTHENTICATE,
@@ -33,10 +33,10 @@ from protocol.sasl_frames import (
     handshake_error,
     handshake_mechanism,
 )
-from proxy.filters import sasl_inspection as identity_module
-from proxy.filters.base import Filter, FilterChain
-from proxy.filters.sasl_inspection import SaslInspection, SaslSettings
-from security.sasl import Jwks
+from kafka_quota_proxy.proxy.filters import sasl_inspection as identity_module
+from kafka_quota_proxy.proxy.filters.base import Filter, FilterChain
+from kafka_quota_proxy.proxy.filters.sasl_inspection import SaslInspection, SaslSettings
+from kafka_quota_proxy.security.sasl import Jwks
 from testkit.filter_host import FakeFilterHost, RecordingLog
 from testkit.frames import kio_request, sasl_plain
 

@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from protocol import apis
-from protocol.correlation import InFlight
-from protocol.errors import FrameTooLarge, MalformedFrame, NegativeFrameSize
-from protocol.headers import parse_response_header
-from protocol.sasl_frames import (
+from kafka_quota_proxy.protocol import apis
+from kafka_quota_proxy.protocol.correlation import InFlight
+from kafka_quota_proxy.protocol.errors import FrameTooLarge, MalformedFrame, NegativeFrameSize
+from kafka_quota_proxy.protocol.headers import parse_response_header
+from kafka_quota_proxy.protocol.sasl_frames import (
     API_VERSIONS,
     ILLEGAL_SASL_STATE,
     SASL_AUTHENTICATE,
@@ -29,16 +29,16 @@ from protocol.sasl_frames import (
     AuthenticateResult,
     authenticate_result,
 )
-from proxy.filters import sasl_termination as sasl_server_module
-from proxy.filters.base import Filter
-from proxy.filters.sasl_termination import (
+from kafka_quota_proxy.proxy.filters import sasl_termination as sasl_server_module
+from kafka_quota_proxy.proxy.filters.base import Filter
+from kafka_quota_proxy.proxy.filters.sasl_termination import (
     Intercepted,
     SaslServerSettings,
     SaslTermination,
 )
-from security.credentials import Credentials, add_user
-from security.sasl import SaslError
-from security.scram import ScramClient, parse_credential
+from kafka_quota_proxy.security.credentials import Credentials, add_user
+from kafka_quota_proxy.security.sasl import SaslError
+from kafka_quota_proxy.security.scram import ScramClient, parse_credential
 from testkit.filter_host import FakeFilterHost, RecordingLog
 from testkit.frames import kio_decode, kio_request, response_class, sasl_plain, split
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from config.schema import StorageConfig
-from proxy.cluster_topics import mac_headers
-from proxy.features.storage.watch import StorageWatch
-from quota.enforcer import QuotaEnforcer
-from quota.manager import QuotaSettings
-from quota.storage import Snapshot, State, Volume
+from kafka_quota_proxy.config.schema import StorageConfig
+from kafka_quota_proxy.proxy.cluster_topics import mac_headers
+from kafka_quota_proxy.proxy.features.storage.watch import StorageWatch
+from kafka_quota_proxy.quota.enforcer import QuotaEnforcer
+from kafka_quota_proxy.quota.manager import QuotaSettings
+from kafka_quota_proxy.quota.storage import Snapshot, State, Volume
 
 NOW = 1_800_000_000_000
 GB = 1_000_000_000

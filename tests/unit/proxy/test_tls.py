@@ -15,9 +15,9 @@ import trustme
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from config.schema import HostPort, UpstreamConfig
-from config.security import ClientTlsConfig, ServerTlsConfig, UpstreamSaslConfig
-from proxy.tls import (
+from kafka_quota_proxy.config.schema import HostPort, UpstreamConfig
+from kafka_quota_proxy.config.security import ClientTlsConfig, ServerTlsConfig, UpstreamSaslConfig
+from kafka_quota_proxy.proxy.tls import (
     ServerTls,
     TlsFileError,
     client_context,

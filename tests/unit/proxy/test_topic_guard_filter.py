@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocol.correlation import InFlight
-from protocol.decoded import response_body
-from protocol.mutation_frames import decode_request
-from protocol.topic_fields import TOPIC_AUTHORIZATION_FAILED, read_topics
-from proxy.features.topic_guard.filter import TopicGuardFilter
-from proxy.features.topic_guard.guard import Results, TopicGuard
+from kafka_quota_proxy.protocol.correlation import InFlight
+from kafka_quota_proxy.protocol.decoded import response_body
+from kafka_quota_proxy.protocol.mutation_frames import decode_request
+from kafka_quota_proxy.protocol.topic_fields import TOPIC_AUTHORIZATION_FAILED, read_topics
+from kafka_quota_proxy.proxy.features.topic_guard.filter import TopicGuardFilter
+from kafka_quota_proxy.proxy.features.topic_guard.guard import Results, TopicGuard
 from testkit.filter_host import FakeFilterHost
 from testkit.frames import create_topics_request, request_frame
 
@@ -73,9 +73,9 @@ def test_frames_without_the_names_are_not_decoded() -> None:
 def test_the_mutation_quota_counts_what_goes_on() -> None:
     """The controller mutation filter after the guard sees the request without the guarded
     topic (the connection passes each filter the frame the ones before it left)."""
-    from config.schema import QuotasConfig
-    from proxy.features.controller_mutation.filter import ControllerMutationFilter
-    from proxy.features.controller_mutation.mutations import ControllerMutations
+    from kafka_quota_proxy.config.schema import QuotasConfig
+    from kafka_quota_proxy.proxy.features.controller_mutation.filter import ControllerMutationFilter
+    from kafka_quota_proxy.proxy.features.controller_mutation.mutations import ControllerMutations
 
     f, _, _ = _filter()
     mutations = ControllerMutations(QuotasConfig.model_validate({

@@ -9,8 +9,13 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from config.loading import parse_config
-from proxy.workers import WORKER_ENV, merge_worker_metrics, worker_count, worker_identity
+from kafka_quota_proxy.config.loading import parse_config
+from kafka_quota_proxy.proxy.workers import (
+    WORKER_ENV,
+    merge_worker_metrics,
+    worker_count,
+    worker_identity,
+)
 
 BASE = """listeners: {bootstrap: "127.0.0.1:9192", advertised_host: h, broker_ports: "9193-9200"}
 upstream: {bootstrap_servers: ["127.0.0.1:9092"]}
@@ -26,7 +31,7 @@ def test_worker_count_is_the_config_or_the_cores() -> None:
 
 @pytest.mark.parametrize("bad", ["0", "-1", "257", "many", "1.5"])
 def test_a_bad_worker_count_names_the_field(bad: str) -> None:
-    from config.errors import ConfigError
+    from kafka_quota_proxy.config.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"workers"):
         parse_config(BASE + f"workers: {bad}\n", "<t>")

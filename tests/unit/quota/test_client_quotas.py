@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from quota.client_quotas import (
+from kafka_quota_proxy.quota.client_quotas import (
     CLIENT_ID,
     IP,
     MATCH_ANY,
@@ -32,7 +32,7 @@ from quota.client_quotas import (
     from_entity_key,
     keys_for,
 )
-from quota.entities import DEFAULT, EntityKey, QuotaType
+from kafka_quota_proxy.quota.entities import DEFAULT, EntityKey, QuotaType
 
 PBR = "producer_byte_rate"
 CBR = "consumer_byte_rate"

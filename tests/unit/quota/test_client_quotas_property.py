@@ -11,7 +11,7 @@ from typing import TypeVar
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quota.client_quotas import (
+from kafka_quota_proxy.quota.client_quotas import (
     CLIENT_ID,
     IP,
     USER,
@@ -24,7 +24,7 @@ from quota.client_quotas import (
     decode_record,
     encode_record,
 )
-from quota.entities import QuotaType, resolve
+from kafka_quota_proxy.quota.entities import QuotaType, resolve
 
 LONG_KEYS = {"producer_byte_rate", "consumer_byte_rate"}
 DOUBLE_KEYS = {"request_percentage", "controller_mutation_rate"}

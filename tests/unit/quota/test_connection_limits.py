@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from quota.connection_limits import MAX_INT, ConnectionLimits
+from kafka_quota_proxy.quota.connection_limits import MAX_INT, ConnectionLimits
 
 
 def test_per_ip_limit_refuses_the_connection_past_it() -> None:

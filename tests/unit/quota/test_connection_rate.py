@@ -11,7 +11,7 @@ import ipaddress
 
 import pytest
 
-from quota.connection_rate import (
+from kafka_quota_proxy.quota.connection_rate import (
     IP_CONNECTION_RATE_DEFAULT,
     IP_SENSOR_EXPIRY_MS,
     ConnectionRates,

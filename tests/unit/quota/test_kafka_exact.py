@@ -9,12 +9,12 @@ from __future__ import annotations
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from quota.connection_rate import RateSensor
-from quota.entities import EntityKey, QuotaType
-from quota.manager import QuotaManager, QuotaSettings, percent_of_thread
-from quota.mutation import MutationBudget, MutationThrottle, TokenBucket
-from quota.sampled import SampledRate
-from quota.throttle import java_round, rate_per_second, throttle_time_ms
+from kafka_quota_proxy.quota.connection_rate import RateSensor
+from kafka_quota_proxy.quota.entities import EntityKey, QuotaType
+from kafka_quota_proxy.quota.manager import QuotaManager, QuotaSettings, percent_of_thread
+from kafka_quota_proxy.quota.mutation import MutationBudget, MutationThrottle, TokenBucket
+from kafka_quota_proxy.quota.sampled import SampledRate
+from kafka_quota_proxy.quota.throttle import java_round, rate_per_second, throttle_time_ms
 from testkit import kafka_reference as kafka
 
 T0 = 1_764_000_000_000  # a wall-clock time, as Kafka's clock gives

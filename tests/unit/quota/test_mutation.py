@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from quota.entities import DEFAULT, EntityKey
-from quota.mutation import (
+from kafka_quota_proxy.quota.entities import DEFAULT, EntityKey
+from kafka_quota_proxy.quota.mutation import (
     MutationQuotas,
     MutationThrottle,
     TokenBucket,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from quota.entities import DEFAULT, EntityKey, QuotaType, resolve
-from quota.manager import ONE_HOUR_MS, QuotaManager, QuotaSettings
+from kafka_quota_proxy.quota.entities import DEFAULT, EntityKey, QuotaType, resolve
+from kafka_quota_proxy.quota.manager import ONE_HOUR_MS, QuotaManager, QuotaSettings
 
 P = QuotaType.PRODUCE
 LEVELS = {

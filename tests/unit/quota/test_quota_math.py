@@ -10,8 +10,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from quota.sampled import SampledRate
-from quota.throttle import java_round, throttle_time_ms
+from kafka_quota_proxy.quota.sampled import SampledRate
+from kafka_quota_proxy.quota.throttle import java_round, throttle_time_ms
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quota.enforcer import QuotaEnforcer
-from quota.entities import DEFAULT, EntityKey, QuotaType
-from quota.manager import QuotaSettings
+from kafka_quota_proxy.quota.enforcer import QuotaEnforcer
+from kafka_quota_proxy.quota.entities import DEFAULT, EntityKey, QuotaType
+from kafka_quota_proxy.quota.manager import QuotaSettings
 
 CLIENTS = ("a", "b", "c")
 SETTINGS = QuotaSettings(

@@ -8,10 +8,10 @@ import yaml
 from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
-from config.schema import QuotasConfig
-from quota.entities import DEFAULT, EntityKey, QuotaType
-from quota.manager import QuotaSettings
-from quota.replay import (
+from kafka_quota_proxy.config.schema import QuotasConfig
+from kafka_quota_proxy.quota.entities import DEFAULT, EntityKey, QuotaType
+from kafka_quota_proxy.quota.manager import QuotaSettings
+from kafka_quota_proxy.quota.replay import (
     Recorded,
     StorageSettings,
     independent_by,

@@ -7,11 +7,15 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from config.schema import QuotasConfig
-from quota.entities import EntityKey, QuotaType
-from quota.manager import QuotaSettings
-from quota.replay import Recorded, replay, settings_from_section
-from quota.request_time import DEFAULT_BASE_US, DEFAULT_PER_KIB_US, RequestTimeModel
+from kafka_quota_proxy.config.schema import QuotasConfig
+from kafka_quota_proxy.quota.entities import EntityKey, QuotaType
+from kafka_quota_proxy.quota.manager import QuotaSettings
+from kafka_quota_proxy.quota.replay import Recorded, replay, settings_from_section
+from kafka_quota_proxy.quota.request_time import (
+    DEFAULT_BASE_US,
+    DEFAULT_PER_KIB_US,
+    RequestTimeModel,
+)
 
 
 def test_the_charge_is_the_proxy_time_plus_the_estimate_from_sizes() -> None:

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quota.entities import EntityKey, QuotaType
-from quota.manager import QuotaManager, QuotaSettings
-from quota.sampled import SampledRate
-from quota.shared import (
+from kafka_quota_proxy.quota.entities import EntityKey, QuotaType
+from kafka_quota_proxy.quota.manager import QuotaManager, QuotaSettings
+from kafka_quota_proxy.quota.sampled import SampledRate
+from kafka_quota_proxy.quota.shared import (
     CHARGE_CAP_WINDOWS,
     MAX_CLOCK_SKEW_MS,
     MAX_LINES,
@@ -408,7 +408,7 @@ def test_produce_headroom_counts_the_others_usage_and_their_requests_in_flight()
 
 
 def test_the_enforcer_gives_every_broker_manager_its_shared_hooks() -> None:
-    from quota.enforcer import QuotaEnforcer
+    from kafka_quota_proxy.quota.enforcer import QuotaEnforcer
 
     enforcer = QuotaEnforcer(SETTINGS)
     before = enforcer.manager(1)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quota.storage import (
+from kafka_quota_proxy.quota.storage import (
     MAX_CLOCK_SKEW_MS,
     ClusterVolumes,
     Judgement,

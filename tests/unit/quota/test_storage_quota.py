@@ -8,11 +8,11 @@ import itertools
 
 import pytest
 
-from protocol.correlation import CorrelationTable
-from protocol.request_stream import RequestStream
-from quota.enforcer import QuotaEnforcer
-from quota.entities import DEFAULT, EntityKey, QuotaType
-from quota.manager import QuotaManager, QuotaSettings
+from kafka_quota_proxy.protocol.correlation import CorrelationTable
+from kafka_quota_proxy.protocol.request_stream import RequestStream
+from kafka_quota_proxy.quota.enforcer import QuotaEnforcer
+from kafka_quota_proxy.quota.entities import DEFAULT, EntityKey, QuotaType
+from kafka_quota_proxy.quota.manager import QuotaManager, QuotaSettings
 
 P = QuotaType.PRODUCE
 SETTINGS = QuotaSettings(samples=3, window_ms=1000,

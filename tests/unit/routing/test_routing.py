@@ -12,18 +12,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.fetch import FetchRequestSummary
-from proxy.features.fetch_routing.routing import FetchRouting
-from routing.client_rack import ClientRacks, RackRule
-from routing.decide import FetchPlan, FetchSession, PartitionKey, Router, plan_fetch
-from routing.selector import (
+from kafka_quota_proxy.protocol.fetch import FetchRequestSummary
+from kafka_quota_proxy.proxy.features.fetch_routing.routing import FetchRouting
+from kafka_quota_proxy.routing.client_rack import ClientRacks, RackRule
+from kafka_quota_proxy.routing.decide import (
+    FetchPlan,
+    FetchSession,
+    PartitionKey,
+    Router,
+    plan_fetch,
+)
+from kafka_quota_proxy.routing.selector import (
     ClientMetadata,
     LeaderSelector,
     PartitionView,
     RackAwareSelector,
     ReplicaView,
 )
-from routing.topology import Topology
+from kafka_quota_proxy.routing.topology import Topology
 
 
 def client(rack: str | None, client_id: str = "c") -> ClientMetadata:

@@ -10,9 +10,9 @@ import re
 import pytest
 import yaml
 
-from security.credentials import MECHANISMS, Credentials, add_user, fingerprint
-from security.sasl import SaslError
-from security.scram import (
+from kafka_quota_proxy.security.credentials import MECHANISMS, Credentials, add_user, fingerprint
+from kafka_quota_proxy.security.sasl import SaslError
+from kafka_quota_proxy.security.scram import (
     MIN_ITERATIONS,
     ScramClient,
     ScramServer,

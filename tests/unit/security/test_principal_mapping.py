@@ -7,7 +7,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from security.principal_mapping import DEFAULT_RULES, NoMatchingRule, PrincipalMapper
+from kafka_quota_proxy.security.principal_mapping import (
+    DEFAULT_RULES,
+    NoMatchingRule,
+    PrincipalMapper,
+)
 
 # --- Kafka's SslPrincipalMapperTest --------------------------------------------------------
 

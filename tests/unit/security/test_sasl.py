@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 from hypothesis import given
 from hypothesis import strategies as st
 
-from security.sasl import (
+from kafka_quota_proxy.security.sasl import (
     Jwks,
     SaslError,
     identity,

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from security.sasl import SaslError
-from security.scram import (
+from kafka_quota_proxy.security.sasl import SaslError
+from kafka_quota_proxy.security.scram import (
     ScramClient,
     ScramCredential,
     ScramServer,

@@ -14,8 +14,8 @@ from cryptography.x509.oid import NameOID
 from hypothesis import given
 from hypothesis import strategies as st
 
-from security.principal_mapping import NoMatchingRule, PrincipalMapper
-from security.x500 import distinguished_name, subject_principal
+from kafka_quota_proxy.security.principal_mapping import NoMatchingRule, PrincipalMapper
+from kafka_quota_proxy.security.x500 import distinguished_name, subject_principal
 
 _KEY = ed25519.Ed25519PrivateKey.generate()
 _ISSUER = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "issuer")])

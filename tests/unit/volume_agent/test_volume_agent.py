@@ -16,13 +16,13 @@ from typing import Any
 import aiokafka.admin
 import pytest
 
-from cli.main import main
-from config.loading import load_agent_config
-from config.schema import AgentFile, VolumeLimitsConfig
-from proxy.cluster_topics import signed
-from quota.storage import Limit, LimitType, Snapshot, Volume
-from volume_agent import agent as volume_agent
-from volume_agent.agent import (
+from kafka_quota_proxy.cli.main import main
+from kafka_quota_proxy.config.loading import load_agent_config
+from kafka_quota_proxy.config.schema import AgentFile, VolumeLimitsConfig
+from kafka_quota_proxy.proxy.cluster_topics import signed
+from kafka_quota_proxy.quota.storage import Limit, LimitType, Snapshot, Volume
+from kafka_quota_proxy.volume_agent import agent as volume_agent
+from kafka_quota_proxy.volume_agent.agent import (
     AgentError,
     AgentMetrics,
     VolumeAgent,
@@ -440,7 +440,8 @@ def test_a_config_without_the_agent_section_exits_2(tmp_path: Path) -> None:
     path = tmp_path / "proxy.yaml"
     path.write_text('upstream:\n  bootstrap_servers: ["127.0.0.1:9092"]\n'
                     "storage:\n  hard: {type: MinFreePercentage, level: 5}\n")
-    proc = subprocess.run([sys.executable, "-m", "proxy", "volume-agent", "--config", str(path)],
+    proc = subprocess.run([sys.executable, "-m", "kafka_quota_proxy", "volume-agent", "--config",
+                           str(path)],
                           capture_output=True, text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 2
     assert "storage.agent is required for the volume agent" in proc.stderr

@@ -1,0 +1,3 @@
+from kafka_quota_proxy.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,459 @@
+"""Client -> broker framing, cut-through (see ``protocol.framing``): request headers read,
+requests entered in the correlation table, Produce frames measured and consumer frames copied
+where the interest table asks, everything else forwarded as the same bytes."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from kafka_quota_proxy.protocol import apis
+from kafka_quota_proxy.protocol.correlation import CorrelationTable, InFlight
+from kafka_quota_proxy.protocol.errors import (
+    FrameTooLarge,
+    MalformedFrame,
+    UnknownApiKey,
+    UnsupportedVersion,
+)
+from kafka_quota_proxy.protocol.framing import DEFAULT_MAX_FRAME_BYTES, NOTHING, Buffer, check_size
+from kafka_quota_proxy.protocol.headers import (
+    HeaderProgress,
+    RequestHeader,
+    parse_request_header,
+    produce_acks,
+)
+from kafka_quota_proxy.protocol.incremental import PartitionBytes, Walker, produce_request_walk
+from kafka_quota_proxy.protocol.primitives import INT32
+from kafka_quota_proxy.protocol.topic_guard import SPOILED
+
+# The most a legal request header (plus Produce's transactional_id and acks) can take: two
+# strings of at most 32767 bytes, fixed fields and header tagged fields. Beyond this an
+# incomplete header is refused whatever the chunking.
+_MAX_HEADER_BYTES = 2 * 32767 + 4096
+# The largest request the proxy reads whole to answer itself (client quota admin requests)
+WHOLE_FRAME_MAX = 1 << 20
+
+_PRODUCE = int(apis.ApiKey.PRODUCE)
+_SPOILED = SPOILED
+_FETCH = int(apis.ApiKey.FETCH)
+
+
+class RequestStream:
+    """Client -> broker. ``feed`` returns the bytes to forward now and the requests whose
+    headers were read; requests that expect a response are entered in the correlation table.
+    """
+
+    __slots__ = (
+        "_capture",
+        "_capturing",
+        "_gated",
+        "_held",
+        "_max",
+        "_measure",
+        "_measuring",
+        "_pending",
+        "_progress",
+        "_remaining",
+        "_table",
+        "_watch",
+        "_watch_start",
+        "_watching",
+        "_whole",
+        "_whole_until",
+        "captured",
+        "captured_at",
+        "client_id",
+        "measured",
+        "next_client_id",
+        "watched",
+        "watched_at",
+    )
+
+    def __init__(
+        self,
+        table: CorrelationTable,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        capture: Callable[[InFlight], bool] | None = None,
+        measure_produce: bool = False,
+        whole: Callable[[int, int], bool] | None = None,
+        watch_produce: Callable[[int], Any] | None = None,
+    ) -> None:
+        self._table = table
+        # ``whole(api_key, api_version)`` True: the frame is read whole before any of it is
+        # forwarded (requests the proxy answers itself, whose frames it replaces), at most
+        # ``WHOLE_FRAME_MAX`` bytes; ``_whole_until``: the length such a frame in ``_pending``
+        # waits for.
+        self._whole = whole
+        self._whole_until = 0
+        self._max = max_frame_bytes
+        self._remaining = 0  # bytes of the current frame still to pass through
+        # The start of a frame whose header is not complete yet (grown in place, so that a
+        # header trickling in is not copied again on every read), and how far that header has
+        # been parsed (so that it is not parsed again from its start: see ``HeaderProgress``).
+        # ``_progress`` is about the frame the unread bytes start with (``_pending`` or
+        # ``_held``), when there is one.
+        self._pending = bytearray()
+        self._progress: HeaderProgress | None = None
+        self._held = b""  # whole frames not read yet (``stop_after_frame``)
+        # ``capture(entry)`` True: a copy of that request frame (without size prefix) is
+        # appended to ``captured`` as ``(entry, frame)`` once complete; it is forwarded
+        # cut-through all the same. The caller empties ``captured``.
+        self._capture = capture
+        self._capturing: tuple[InFlight, list[bytes]] | None = None
+        self.captured: list[tuple[InFlight, bytes]] = []
+        # where each frame captured whole within one ``feed`` starts (after its size prefix)
+        # in the bytes that ``feed`` returned, by ``id(entry)`` (emptied with ``captured``)
+        self.captured_at: dict[int, int] = {}
+        # ``measure_produce``: Produce v3+ frames are walked as they pass (nothing copied) and
+        # their entry's ``partitions`` set when they end; those entries are appended to
+        # ``measured`` (the caller empties it).
+        self._measure = measure_produce
+        # (entry, the walk so far: None once it failed, partitions so far)
+        self._measuring: tuple[InFlight, Walker | None, PartitionBytes] | None = None
+        self.measured: list[InFlight] = []
+        # ``watch_produce(api_version)``: a watch (``protocol.topic_guard.ProduceTopics``) that
+        # follows each Produce frame as it passes; the bytes it asks to spoil are changed
+        # before they are forwarded. ``(entry, watch)`` is appended to ``watched`` when the
+        # frame ended naming a topic the watch refused, or as soon as it stops parsing (the
+        # caller empties it, and must not let the rest of a frame whose watch failed go
+        # upstream). ``watched_at``: where each frame appended to ``watched`` by the last
+        # ``feed`` starts (after its size prefix) in the bytes that ``feed`` returned, by
+        # ``id(entry)``, when it started there (absent: its first bytes were returned by an
+        # earlier ``feed``); ``_watch_start``: the same for the frame being watched (-1).
+        self._watch = watch_produce
+        self._watching: tuple[InFlight, Any] | None = None
+        self._watch_start = -1
+        self.watched: list[tuple[InFlight, Any]] = []
+        self.watched_at: dict[int, int] = {}
+        # Every request is gated by its own header: frames are read only while their
+        # client-id (null read as "") is ``client_id``; a read stops before a frame of another
+        # (held, not forwarded) and names it in ``next_client_id``, for the caller to judge
+        # that client-id's limits and set ``client_id`` before reading it. None until the
+        # caller has seen a first frame: a connection's very first frame stops a read too.
+        # Off unless ``gate_client_ids`` (the stream alone reads every frame).
+        self._gated = False
+        self.client_id: str | None = None
+        self.next_client_id: str | None = None
+
+    def gate_client_ids(self) -> None:
+        """Read each frame only under its own client-id (``client_id``, ``next_client_id``)."""
+        self._gated = True
+
+    @property
+    def table(self) -> CorrelationTable:
+        """The correlation table the requests are entered in."""
+        return self._table
+
+    @property
+    def buffered(self) -> int:
+        return len(self._pending)
+
+    @property
+    def unread(self) -> int:
+        """Bytes taken from the client and not forwarded yet: whole frames held back (``hold``,
+        ``stop_after_frame``) and the start of a frame whose header is not complete."""
+        return len(self._held) + len(self._pending)
+
+    @property
+    def mid_frame(self) -> bool:
+        """A frame has started but not ended (at end of input this means truncation)."""
+        return self._remaining > 0 or bool(self._pending)
+
+    @property
+    def reading_header(self) -> bool:
+        """A frame has started and its request header is not complete yet."""
+        return bool(self._pending)
+
+    def next_api_key(self, data: bytes) -> int | None:
+        """The API key of the frame that ``feed(data)`` would start with, when the stream is
+        between frames and that much of it is there (else None)."""
+        if self._remaining:
+            return None
+        head = self._held or self._pending
+        if len(head) < 6:
+            head = head + data[: 6 - len(head)]
+            if len(head) < 6:
+                return None
+        return int.from_bytes(head[4:6], "big", signed=True)
+
+    def hold(self, data: bytes) -> None:
+        """Keep ``data`` unread (and unforwarded) until the next ``feed``."""
+        self._held += self._pending + data
+        self._pending = bytearray()
+        self._whole_until = 0
+
+    def watch(self, watch_produce: Callable[[int], Any]) -> None:
+        """Follow Produce frames with ``watch_produce`` (see ``watched``) from now on."""
+        self._watch = watch_produce
+
+    @property
+    def measuring(self) -> InFlight | None:
+        """The produce request whose frame is being measured but has not ended yet, if any."""
+        return self._measuring[0] if self._measuring is not None else None
+
+    @property
+    def held(self) -> bool:
+        """Bytes are held back after a frame (see ``feed``)."""
+        return bool(self._held)
+
+    def feed(self, data: bytes, stop_after_frame: bool = False,
+             max_frames: int = 0) -> tuple[Buffer | bytearray, list[InFlight]]:
+        """Take client bytes; return the bytes to forward and the requests seen (see
+        ``_feed``), with the bytes a Produce watch spoils changed."""
+        forward: Buffer | bytearray
+        forward, events = self._feed(data, stop_after_frame, max_frames)
+        watching = self._watching
+        if watching is not None or self.watched:
+            spoil = [] if watching is None else watching[1].spoil
+            for _, watch in self.watched:
+                spoil += watch.spoil
+                watch.spoil = []
+            if spoil:
+                out = bytearray(forward)
+                for at in spoil:
+                    out[at] = _SPOILED
+                spoil.clear()
+                forward = out
+        return forward, events
+
+    def _feed(self, data: bytes, stop_after_frame: bool = False,
+              max_frames: int = 0) -> tuple[Buffer, list[InFlight]]:
+        """Take client bytes; return the bytes to forward and the requests seen.
+
+        With ``stop_after_frame`` the stream stops at the end of the first frame that completes
+        and holds the rest (not parsed, not forwarded) until the next ``feed`` (which may be
+        ``feed(b"")``): Kafka brokers read one request per connection at a time, and quota
+        enforcement relies on that. ``max_frames`` (> 0) does the same after that many frames
+        complete (a bound on requests in flight holds whatever one read brings).
+        """
+        if stop_after_frame:
+            max_frames = 1
+        events: list[InFlight] = []
+        self._watch_start = -1  # (a frame watched since an earlier feed began there)
+        if self.watched_at:
+            self.watched_at = {}
+        progress, self._progress = self._progress, None
+        if self._held:
+            data = self._held + data
+            self._held = b""
+        elif self._pending:  # (never both)
+            # Grown in place and tried again where the last attempt stopped, so that a header
+            # arriving in many small reads costs time linear in its length; it is only copied
+            # out once the header is complete (or fails).
+            pending, self._pending = self._pending, bytearray()
+            pending += data
+            n = len(pending)
+            if self._whole_until:  # a frame read whole: waits until it is
+                if n < self._whole_until:
+                    self._pending = pending
+                    return NOTHING, events
+                self._whole_until = 0
+                progress = None
+            waiting = True
+            if n >= 4:
+                size = INT32.unpack_from(pending, 0)[0]
+                check_size(size, self._max)
+                if 4 + size > n:
+                    if progress is None:
+                        progress = HeaderProgress()
+                    waiting = self._read_header(pending, 0, 4 + size, n, progress) is None
+                else:
+                    waiting = False
+            if waiting:
+                self._pending, self._progress = pending, progress
+                return NOTHING, events
+            data = bytes(pending)
+        n = len(data)
+        rem = self._remaining
+        if rem >= n:
+            self._remaining = rem - n
+            if self._capturing is not None:
+                self._capture_more(data, n)
+            if self._measuring is not None:
+                self._measure_more(data, n)
+            if self._watching is not None:
+                self._watch_more(data, n)
+            return data, events
+        pos = rem
+        self._remaining = 0
+        if rem and self._capturing is not None:
+            self._capture_more(data, rem)
+        if rem and self._measuring is not None:
+            self._measure_more(data, rem)
+        if rem and self._watching is not None:
+            self._watch_more(data, rem)
+        if rem and max_frames == 1:
+            self._held = data[rem:]
+            return memoryview(data)[:rem], events
+        frames = 1 if rem else 0
+        table = self._table
+        max_frame = self._max
+        while pos < n:
+            if n - pos < 4:
+                self._pending = bytearray(data[pos:])
+                break
+            size = INT32.unpack_from(data, pos)[0]
+            check_size(size, max_frame)
+            end = pos + 4 + size
+            if end > n and progress is None:
+                progress = HeaderProgress()
+            read = self._read_header(data, pos, end, n, progress)
+            if read is None:
+                self._pending = bytearray(memoryview(data)[pos:])
+                self._progress = progress
+                break
+            progress = None  # (only ever about the first frame)
+            header, expects_response, follower = read
+            if self._gated and (header.client_id or "") != self.client_id:
+                # another client-id's frame: its own limits first
+                self.next_client_id = header.client_id or ""
+                if end > n:  # still arriving: it stays the frame under way (``mid_frame``)
+                    self._pending = bytearray(memoryview(data)[pos:])
+                else:
+                    self._held = data[pos:]
+                break
+            api_key = header.api_key
+            if (end > n and self._whole is not None
+                    and self._whole(api_key, header.api_version)
+                    and (size <= WHOLE_FRAME_MAX or api_key in apis.ANSWERED_BY_PROXY)):
+                # (a larger frame of an API the broker answers goes through cut-through, its
+                # filters told it cannot be patched; one the proxy answers must not reach it)
+                if size > WHOLE_FRAME_MAX:
+                    raise FrameTooLarge(
+                        f"{apis.api_name(api_key)} request of {size} bytes: the proxy answers "
+                        f"it itself and reads at most {WHOLE_FRAME_MAX}")
+                self._pending = bytearray(memoryview(data)[pos:])
+                self._whole_until = end - pos
+                break
+            limit = end if end < n else n
+            entry = InFlight(
+                api_key,
+                header.api_version,
+                header.correlation_id,
+                header.client_id,
+                size + 4,
+                expects_response,
+            )
+            entry.follower = follower
+            if expects_response:
+                table.add(entry)
+            events.append(entry)
+            if self._capture is not None and self._capture(entry):
+                if end > n:
+                    self._capturing = (entry, [data[pos + 4 : n]])
+                else:
+                    self.captured.append((entry, data[pos + 4 : end]))
+                    self.captured_at[id(entry)] = pos + 4
+            if self._measure and api_key == _PRODUCE and header.api_version >= 3:
+                parts: PartitionBytes = []
+                self._measuring = (
+                    entry, Walker(produce_request_walk(header.api_version, parts)), parts)
+                self._measure_more(data, limit, pos + 4, end > n)
+            if self._watch is not None and api_key == _PRODUCE:
+                self._watching = (entry, self._watch(header.api_version))
+                self._watch_start = pos + 4
+                self._watch_more(data, limit, pos + 4, end > n)
+            if end > n:
+                self._remaining = end - n
+                pos = n
+                break
+            pos = end
+            frames += 1
+            if frames == max_frames and pos < n:
+                self._held = data[pos:]
+                break
+        if pos == n:
+            return data, events
+        return memoryview(data)[:pos], events
+
+    def _read_header(
+        self,
+        data: bytes | bytearray,
+        pos: int,
+        end: int,
+        n: int,
+        progress: HeaderProgress | None,
+    ) -> tuple[RequestHeader, bool, bool] | None:
+        """The header of the frame at ``pos`` (ending at ``end``) of the ``n`` bytes of
+        ``data``: ``(header, expects_response, follower)``, or None while it has not all
+        arrived. ``progress``: see ``HeaderProgress`` (required to make waiting linear)."""
+        limit = end if end < n else n
+        try:
+            header = parse_request_header(data, pos + 4, limit, progress)
+            api_key = header.api_key
+            if not apis.is_known(api_key):
+                raise UnknownApiKey(f"unknown api key {api_key}")
+            if not apis.accepts_request_version(api_key, header.api_version):
+                raise UnsupportedVersion(
+                    f"{apis.api_name(api_key)} v{header.api_version} "
+                    "is not offered by the proxy"
+                )
+            expects_response = True
+            follower = False
+            if api_key == _PRODUCE:
+                acks = produce_acks(data, pos + 4 + header.size, limit, header.api_version)
+                expects_response = acks != 0
+            elif api_key == _FETCH and header.api_version < 15:
+                # replica_id leads the body until v15 (then a tagged ReplicaState that
+                # only followers send). Followers do not come through the proxy, so when
+                # the field is not in this chunk the fetch counts as a consumer's.
+                at = pos + 4 + header.size
+                follower = at + 4 <= limit and INT32.unpack_from(data, at)[0] >= 0
+        except (IndexError, ValueError, struct.error) as exc:
+            if end <= n:
+                raise MalformedFrame(f"request header does not parse: {exc}") from None
+            if n - pos > _MAX_HEADER_BYTES:
+                raise MalformedFrame(
+                    f"request header longer than {_MAX_HEADER_BYTES} bytes"
+                ) from None
+            return None
+        return header, expects_response, follower
+
+
+    def _measure_more(self, data: bytes, upto: int, start: int = 0,
+                      more: bool | None = None) -> None:
+        """Bytes ``[start, upto)`` of ``data`` continue the produce frame being measured;
+        ``more``: whether the frame goes on past them (default: bytes remain)."""
+        assert self._measuring is not None
+        entry, walker, parts = self._measuring
+        if walker is not None and not walker.done:
+            try:
+                walker.feed(data, start, upto)
+            except ValueError:  # measured no further: the frame passes all the same
+                walker = None
+                self._measuring = (entry, None, parts)
+        if self._remaining if more is None else more:
+            return
+        self._measuring = None
+        entry.partitions = parts if walker is not None and walker.done else None
+        self.measured.append(entry)
+
+    def _watch_more(self, data: bytes, upto: int, start: int = 0,
+                    more: bool | None = None) -> None:
+        """Bytes ``[start, upto)`` of ``data`` continue the Produce frame being watched."""
+        assert self._watching is not None
+        entry, watch = self._watching
+        watch.feed(data, start, upto)
+        if self._remaining if more is None else more:
+            if watch.failed:
+                self._watching = None
+                self._watched(entry, watch)
+            return
+        self._watching = None
+        if watch.refused or watch.failed or not watch.done:
+            self._watched(entry, watch)
+
+    def _watched(self, entry: InFlight, watch: Any) -> None:
+        self.watched.append((entry, watch))
+        if self._watch_start >= 0:
+            self.watched_at[id(entry)] = self._watch_start
+
+    def _capture_more(self, data: bytes, upto: int) -> None:
+        """The next ``upto`` bytes of ``data`` continue the frame being captured."""
+        assert self._capturing is not None
+        entry, parts = self._capturing
+        parts.append(data[:upto])
+        if not self._remaining:
+            self._capturing = None
+            self.captured.append((entry, b"".join(parts)))

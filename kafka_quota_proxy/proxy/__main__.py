@@ -1,0 +1,5 @@
+import sys
+
+from kafka_quota_proxy.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,201 @@
+"""The topic guard on the request path (``proxy.features.topic_guard.guard``,
+``docs/topic-guard.md``).
+
+- Produce: never held nor decoded; ``protocol.topic_guard.ProduceTopics`` follows each frame
+  as it passes and spoils a guarded topic's name (or id) before it goes upstream; the
+  response's result for it becomes TOPIC_AUTHORIZATION_FAILED. A frame the walk cannot
+  follow, or below v3 naming a guarded topic, is refused as below (at once where its first
+  bytes went upstream with an earlier read).
+- Every other API whose requests name topics (``protocol.topic_fields.HANDLING``, derived
+  from kio's schemas): the frame is read whole (up to 1 MiB) and searched for the guarded
+  names and ids; only a frame that holds one is decoded. The request goes on without the
+  guarded topics and their error results are merged into the broker's response, or, when
+  nothing else is left, the proxy answers it (nothing goes upstream). A frame it cannot
+  rewrite (larger than it reads whole, a version kio does not decode) is refused: the
+  connection closes once what came before it is answered.
+- Fetch with a replica id (``replica_id`` >= 0, or the ReplicaState tag from v15): a client
+  posing as a follower. Answered by the proxy as Kafka answers a follower without
+  CLUSTER_ACTION: TOPIC_AUTHORIZATION_FAILED on every partition it asked for, never
+  forwarded.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from kafka_quota_proxy.protocol import apis
+from kafka_quota_proxy.protocol.correlation import InFlight
+from kafka_quota_proxy.protocol.errors import MalformedFrame
+from kafka_quota_proxy.protocol.fetch import parse_fetch_request
+from kafka_quota_proxy.protocol.headers import parse_request_header
+from kafka_quota_proxy.protocol.interests import Interest
+from kafka_quota_proxy.protocol.topic_fields import (
+    HANDLING,
+    LeftOut,
+    MetadataHandling,
+    Unguarded,
+    answer_whole,
+    encode,
+    metadata_request_topics,
+    metadata_without,
+    read_topics,
+    refused_response,
+    without,
+)
+from kafka_quota_proxy.protocol.topic_guard import ProduceTopics
+from kafka_quota_proxy.proxy.features.topic_guard.guard import (
+    OMIT,
+    Metadata,
+    Produce,
+    Results,
+    TopicGuard,
+)
+from kafka_quota_proxy.proxy.filters.base import Filter, FilterHost
+from kafka_quota_proxy.proxy.logs import get_logger
+
+log = get_logger("kafka_quota_proxy.topic_guard")
+
+_PRODUCE = int(apis.ApiKey.PRODUCE)
+_FETCH = int(apis.ApiKey.FETCH)
+_METADATA = int(apis.ApiKey.METADATA)
+_REPLICA_STATE_FROM = 15
+
+
+class TopicGuardFilter(Filter):
+    @staticmethod
+    def interests(api_key: int, api_version: int) -> Interest:
+        if api_key == _PRODUCE:
+            return Interest.PRODUCE_TOPICS
+        handling = HANDLING.get(api_key)
+        if handling is None or isinstance(handling, Unguarded):
+            return Interest.NONE
+        return Interest.REQUEST_FRAME | Interest.WHOLE_REQUEST
+
+    def __init__(self, host: FilterHost, guard: TopicGuard) -> None:
+        self.host = host
+        self.guard = guard
+
+    # ------------------------------------------------------------------ Produce
+    def watch_produce(self, version: int) -> ProduceTopics:
+        """Follows one Produce frame (``RequestStream``'s ``watch_produce``)."""
+        return ProduceTopics(version, self.guard.topics)
+
+    def produce_watched(self, entry: InFlight, watch: ProduceTopics) -> None:
+        """A Produce frame followed to its end named a guarded topic, or did not parse.
+
+        One that does not parse (what follows it cannot be checked), or of a version below 3
+        naming a guarded topic with acks (no schema to answer it with), is refused
+        (``FilterHost.refuse``), as Kafka closes on a request it cannot handle after
+        answering what came before it: the frame and whatever was read after it are cut out
+        of what goes upstream, the requests before it answered, then the connection closes.
+        The frame is cut from its first byte, which must be in the read being forwarded: the
+        common case, a frame read whole or whose failure shows in the read it began in. Where
+        its first bytes went upstream with an earlier read (a frame split across reads), the
+        broker holds part of it and the connection closes at once (the connection's doing:
+        ``patch_captured``)."""
+        guard = self.guard
+        if watch.failed or not watch.done:
+            guard.closed["produce_unparsed"] = guard.closed.get("produce_unparsed", 0) + 1
+            self.host.refuse(entry, "malformed_frame",
+                             "Produce request does not parse (topic guard)")
+            return
+        guard.count("produce")
+        log.warning("guarded_topic_refused", api="produce", principal=self.host.client.user,
+                    client_id=entry.client_id,
+                    topics=[n or str(i) for n, i, _ in watch.refused])
+        if entry.api_version < 3 and entry.expects_response:  # (no schema to answer with)
+            self._close(entry, "produce_version")
+            return
+        entry.refused = Produce(watch.refused)
+
+    # ------------------------------------------------------------------ other requests
+    def request_frame(self, entry: InFlight, frame: bytes, patchable: bool) -> bytes | None:
+        key = entry.api_key
+        if entry.answer is not None or not self.interests(key, entry.api_version):
+            return None
+        if key == _FETCH and self._follower(entry, frame):
+            return self._answer_follower(entry, frame, patchable)
+        topics = self.guard.topics
+        if isinstance(HANDLING[key], LeftOut):  # (its response may list them all the same)
+            entry.refused = OMIT
+        if not topics.in_frame(frame):
+            return None
+        version = entry.api_version
+        low, high = apis.kio_version_range(key)
+        if not low <= version <= high:
+            self._close(entry, "version_not_decoded")
+            return None
+        try:
+            request = read_topics(frame, key, version)
+        except MalformedFrame:
+            return None  # the broker answers it (or closes) as it would
+        refused = [r for r in request.refs if topics.ref_guarded(r)]
+        if not refused:
+            return None
+        if not patchable:
+            self._close(entry, "frame_too_large")
+            return None
+        guard = self.guard
+        label = apis.api_name(key)
+        guard.count(label)
+        log.warning("guarded_topic_refused", api=label, principal=self.host.client.user,
+                    client_id=entry.client_id,
+                    topics=sorted({r.name or str(r.topic_id) for r in refused}))
+        handling = HANDLING[key]
+        if isinstance(handling, MetadataHandling):
+            value = metadata_without(request.value, version, refused)
+            only = version == 0 and metadata_request_topics(value, version) is None
+            entry.refused = Metadata(refused, only)
+            return bytes(frame[: request.header_size]) + encode(value)
+        if answer_whole(request, refused):  # answered: never forwarded
+            try:
+                entry.answer = refused_response(request, refused)
+            except MalformedFrame:
+                self._close(entry, "no_answer")
+            return None
+        if not isinstance(handling, LeftOut):
+            entry.refused = Results(refused)
+        return without(frame, request, refused)
+
+    # ------------------------------------------------------------------ followers
+    @staticmethod
+    def _follower(entry: InFlight, frame: bytes) -> bool:
+        if entry.follower:
+            return True
+        if entry.api_version < _REPLICA_STATE_FROM:
+            return False
+        try:
+            header = parse_request_header(frame, 0, len(frame))
+            summary = parse_fetch_request(frame, header.size, entry.api_version)
+        except (IndexError, ValueError, struct.error):
+            return False  # the broker answers it (or closes) as it would
+        return not summary.from_consumer
+
+    def _answer_follower(self, entry: InFlight, frame: bytes, patchable: bool) -> bytes | None:
+        """Kafka's answer to a follower fetch from a principal without CLUSTER_ACTION:
+        TOPIC_AUTHORIZATION_FAILED on every partition asked for (high watermark -1, no
+        records); the request never reaches the broker."""
+        guard = self.guard
+        guard.replica_fetches += 1
+        entry.follower = False  # a client's fetch: recorded in its quotas as any other
+        log.warning("replica_fetch_refused", principal=self.host.client.user,
+                    client_id=entry.client_id, client=self.host.client.peer)
+        if not patchable:
+            self._close(entry, "replica_fetch_too_large")
+            return None
+        try:
+            request = read_topics(frame, _FETCH, entry.api_version)
+            asked = [r for r in request.refs if r.array.steps[0][0] == "topics"]
+            entry.answer = refused_response(request, asked)
+        except MalformedFrame:
+            self._close(entry, "replica_fetch_unread")
+        return None
+
+    def _close(self, entry: InFlight, reason: str) -> None:
+        """Refuse the request: the connection answers what came before it, then closes."""
+        guard = self.guard
+        guard.closed[reason] = guard.closed.get(reason, 0) + 1
+        detail = (f"{apis.api_name(entry.api_key)} v{entry.api_version} names a topic of the "
+                  f"proxy and cannot be rewritten ({reason})")
+        self.host.refuse(entry, "guarded_topic", detail)
+

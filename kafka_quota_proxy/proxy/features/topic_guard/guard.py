@@ -1,0 +1,142 @@
+"""The proxy's own topics belong to the proxy (``docs/topic-guard.md``).
+
+The quota overrides topic (``quotas.overrides.topic``), the usage topic
+(``coordination.topic``) and the volumes topic (``storage.topic``) are read and written by the
+proxy's own clients, which connect to the brokers directly. No client of the proxy's listeners
+may produce to them, fetch from them, create, delete or alter them, read or change their
+configs, offsets or records, or see them in Metadata: each request naming one (by name, or by
+an id learnt from Metadata responses) is answered for that topic as Kafka answers a topic the
+client may not access (TOPIC_AUTHORIZATION_FAILED), and goes on without it
+(``proxy.features.topic_guard.filter``). This module holds what every connection shares: the names,
+the ids learnt, the response amendments and the figures.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client.core import CounterMetricFamily
+
+from kafka_quota_proxy.protocol.correlation import InFlight
+from kafka_quota_proxy.protocol.topic_fields import (
+    TopicRef,
+    metadata_amended,
+    response_without,
+    with_refused,
+)
+from kafka_quota_proxy.protocol.topic_guard import GuardedTopics, produce_with_refused
+from kafka_quota_proxy.proxy.logs import get_logger
+from kafka_quota_proxy.proxy.metrics import family
+
+if TYPE_CHECKING:
+    from kafka_quota_proxy.config.schema import ProxyConfig
+
+log = get_logger("kafka_quota_proxy.topic_guard")
+
+DEFAULT_VOLUMES_TOPIC = "__kafka_quota_proxy_volumes"
+
+
+def guarded_names(config: ProxyConfig) -> list[str]:
+    """The topics the proxy uses, from its config (the volumes topic at its default when
+    this proxy has no storage section: a volume agent may publish there all the same)."""
+    names = [config.quotas.overrides.topic, config.coordination.topic,
+             config.storage.topic if config.storage is not None else DEFAULT_VOLUMES_TOPIC]
+    return sorted(set(names))
+
+
+class Produce:
+    """``InFlight.refused`` of a Produce whose guarded topics were spoiled on their way."""
+
+    __slots__ = ("topics",)
+
+    def __init__(self, topics: list[tuple[str | None, uuid.UUID | None, list[int]]]) -> None:
+        self.topics = topics
+
+
+class Results:
+    """``InFlight.refused`` of a request forwarded without some topics."""
+
+    __slots__ = ("refs",)
+
+    def __init__(self, refs: list[TopicRef]) -> None:
+        self.refs = refs
+
+
+class Metadata:
+    """``InFlight.refused`` of a Metadata request that named guarded topics."""
+
+    __slots__ = ("only_refused", "refs")
+
+    def __init__(self, refs: list[TopicRef], only_refused: bool) -> None:
+        self.refs = refs
+        self.only_refused = only_refused
+
+
+class Omit:
+    """``InFlight.refused`` of a request whose response may list guarded topics it did not
+    name (DescribeLogDirs, ListPartitionReassignments for all topics): left out."""
+
+    __slots__ = ()
+
+
+OMIT = Omit()
+
+
+class TopicGuard:
+    def __init__(self, names: list[str]) -> None:
+        self.topics = GuardedTopics(names)
+        # figures: requests by API and what was done (refused topics, answered whole...)
+        self.refused: dict[str, int] = {}
+        self.replica_fetches = 0
+        self.closed: dict[str, int] = {}
+        log.info("topic_guard", topics=sorted(self.topics.names))
+
+    def count(self, api: str, n: int = 1) -> None:
+        self.refused[api] = self.refused.get(api, 0) + n
+
+    def learn(self, name: str | None, topic_id: uuid.UUID | None) -> None:
+        if self.topics.learn(name, topic_id):
+            log.info("guarded_topic_id_learnt", topic=name, topic_id=str(topic_id))
+
+    # ------------------------------------------------------------------ responses
+    def amend(self, entry: InFlight, frame: bytes | memoryview) -> bytes | None:
+        """The broker's response to a request forwarded without guarded topics, with their
+        results added (``ResponseRewriter.amend``)."""
+        refused = entry.refused
+        if isinstance(refused, Produce):
+            return produce_with_refused(frame, entry.api_version, refused.topics)
+        if isinstance(refused, Results):
+            return with_refused(frame, entry.api_key, entry.api_version, refused.refs)
+        if refused is OMIT:
+            return response_without(frame, entry.api_key, entry.api_version,
+                                    self.topics.ref_guarded)
+        return None
+
+    def filter_metadata(self, entry: InFlight, value: Any) -> Any:
+        """Every decoded MetadataResponse on its way to a client: ids of guarded topics
+        learnt, the guarded topics left out, those the request named answered
+        TOPIC_AUTHORIZATION_FAILED (``ResponseRewriter.metadata_filter``)."""
+        topics = self.topics
+        for t in value.topics:
+            if t.name in topics.names:
+                self.learn(t.name, getattr(t, "topic_id", None))
+        refused = entry.refused if isinstance(entry.refused, Metadata) else None
+        return metadata_amended(value, entry.api_version, refused.refs if refused else (),
+                                topics.guarded, refused.only_refused if refused else False)
+
+    # ------------------------------------------------------------------ figures
+    def metric_families(self) -> Iterator[Any]:
+        yield family(CounterMetricFamily, "kafka_proxy_guarded_topic_requests",
+                     "Client requests that named one of the proxy's own topics, by API (the "
+                     "topic answered TOPIC_AUTHORIZATION_FAILED)", "api", self.refused)
+        c = CounterMetricFamily("kafka_proxy_replica_fetches_refused",
+                                "Fetch requests from clients posing as a follower broker "
+                                "(replica_id >= 0), answered TOPIC_AUTHORIZATION_FAILED")
+        c.add_metric([], self.replica_fetches)
+        yield c
+        yield family(CounterMetricFamily, "kafka_proxy_guarded_topic_connections_closed",
+                     "Connections closed because a request naming a guarded topic could not "
+                     "be rewritten (too large to read whole, a version not decoded)",
+                     "reason", self.closed)

@@ -1,0 +1,348 @@
+"""The quota manager: one sensor (sampled rate + bound) per shared budget, per quota type.
+
+``record`` is Kafka's ``recordAndGetThrottleTimeMs``: record the value, measure, and return the
+throttle time (0 when within quota). Config changes apply to live sensors: bounds are updated,
+and since the budget a connection records into is resolved on every record, an entity whose
+matching level changes moves to its new shared budget at once. Sensors idle for
+``idle_expiry_ms`` (Kafka: one hour) are dropped by ``expire``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from kafka_quota_proxy.quota.entities import (
+    EntityKey,
+    QuotaType,
+    Resolution,
+    Tags,
+    quota_limit,
+    resolve,
+)
+from kafka_quota_proxy.quota.request_time import RequestTimeModel
+from kafka_quota_proxy.quota.sampled import SampledRate
+from kafka_quota_proxy.quota.throttle import (
+    INT32_MAX,
+    java_round,
+    rate_per_second,
+    throttle_time_ms,
+)
+
+ONE_HOUR_MS = 3_600_000
+# Entries the (quota type, user, client-id) caches hold at most: past it they start afresh
+# (client-ids and users are the clients' to choose; entities sharing one budget, e.g. every
+# client-id of a user with a user quota, never let that budget's sensor expire)
+CACHE_LIMIT = 100_000
+
+
+class Current:
+    """``QuotaManager.record``'s default scale: the one in force now."""
+
+
+CURRENT = Current()
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaSettings:
+    samples: int = 11  # Kafka quota.window.num
+    window_ms: int = 1000  # Kafka quota.window.size.seconds
+    # Kafka bounds request-time throttles at one window and leaves byte-rate throttles unbounded.
+    cap_byte_rate_throttle: bool = False
+    entities: Mapping[EntityKey, Mapping[QuotaType, float]] = field(default_factory=dict)
+    # what a request costs a request quota (``quota.request_time``)
+    request_time: RequestTimeModel = field(default_factory=RequestTimeModel)
+
+    def for_type(self, quota_type: QuotaType) -> dict[EntityKey, float]:
+        return {k: v[quota_type] for k, v in self.entities.items() if quota_type in v}
+
+
+@dataclass(slots=True)
+class Sensor:
+    quota_type: QuotaType
+    tags: Tags
+    rate: SampledRate
+    bound: float | None
+    entity: EntityKey | None
+    last_record_ms: int
+    throttled_requests: int = 0
+    throttle_ms_total: int = 0
+    # Values read but not yet recorded (produce requests awaiting their response): the proxy
+    # keeps reading a client only while the rate counting them stays below the bound.
+    in_flight: float = 0.0
+    # Storage scaling (produce budgets): the time up to which what it recorded under a
+    # scale is paid for at the scaled bound (``QuotaManager._paced_throttle``)
+    paced_until: float | None = None
+
+    def headroom(self, now_ms: int, bound: float | None = None) -> bool:
+        """Whether the rate, counting the values in flight as if recorded now, is below the
+        bound (``bound``: another than the sensor's; always, when unlimited)."""
+        if bound is None:
+            bound = self.bound
+        if bound is None:
+            return True
+        total, window = self.rate.peek(now_ms)
+        if not window:  # (one sample, a window just begun)
+            return total + self.in_flight <= 0.0
+        return rate_per_second(total + self.in_flight, window) < bound
+
+
+# (sensor, value recorded, rate measured, window ms, now ms) -> (rate, window ms, bound)
+BudgetHook = Callable[["Sensor", float, float, int, int], tuple[float, int, float]]
+# (sensor, now ms, bound in force) -> whether the values in flight, recorded now, would still
+# be below the bound (``Sensor.headroom`` over every process sharing the budget)
+HeadroomHook = Callable[["Sensor", int, float], bool]
+
+
+# ClientQuotaManager.NanosToPercentagePerSecond = 100.0 / TimeUnit.SECONDS.toNanos(1)
+NANOS_TO_PERCENTAGE_PER_SECOND = 100.0 / 1_000_000_000
+
+
+def percent_of_thread(request_time_ms: float) -> float:
+    """Kafka records request time as a percentage of one thread (10 ms per second = 1%), from
+    the thread time in whole nanoseconds: ``requestThreadTimeNanos * NanosToPercentagePerSecond``.
+    The time charged (ms, ``quota.request_time``) is taken to whole nanoseconds first, so the
+    value recorded is the one Kafka would record for that thread time, to the last bit."""
+    return java_round(request_time_ms * 1_000_000.0) * NANOS_TO_PERCENTAGE_PER_SECOND
+
+
+class StorageScaling:
+    """Storage-aware throttling (``quota.storage``), as the quota managers apply it: while
+    ``scale`` is set, every produce bound is scaled by it, clients without a produce quota get
+    ``unquoted_produce_bound`` scaled alike, and exempt users and client-ids keep their own. 0
+    (paused) throttles nothing here: the proxy admits no produce bytes at all then. One object,
+    shared by the managers of every broker (not copied into each)."""
+
+    __slots__ = ("exempt_client_ids", "exempt_users", "scale", "unquoted_produce_bound")
+
+    def __init__(self) -> None:
+        self.scale: float | None = None
+        self.unquoted_produce_bound = 0.0
+        self.exempt_users: frozenset[str] = frozenset()
+        self.exempt_client_ids: frozenset[str] = frozenset()
+
+    def exempt(self, user: str, client_id: str) -> bool:
+        """Never throttled by storage (``storage.exempt_users`` / ``exempt_client_ids``)."""
+        return user in self.exempt_users or client_id in self.exempt_client_ids
+
+
+class QuotaManager:
+    def __init__(self, settings: QuotaSettings, idle_expiry_ms: int = ONE_HOUR_MS,
+                 storage: StorageScaling | None = None, hook: BudgetHook | None = None,
+                 headroom: HeadroomHook | None = None) -> None:
+        # ``hook``: where a limited budget is checked, turns this process's measure into the
+        # one enforced (the usage of every process sharing the budget: ``quota.shared``);
+        # ``headroom``: the same for the pipelining check of produce budgets
+        self.hook = hook
+        self.headroom_hook = headroom
+        self.idle_expiry_ms = idle_expiry_ms
+        self.sensors: dict[tuple[QuotaType, Tags], Sensor] = {}
+        self.settings = settings
+        self._by_type = {qt: settings.for_type(qt) for qt in QuotaType}
+        # (quota type, user, client-id) -> resolution, and -> the sensor of its budget (one
+        # lookup on the hot path); both cleared on config change and at every expiry run, and
+        # each when it reaches CACHE_LIMIT entries
+        self._resolved: dict[tuple[QuotaType, str, str], Resolution] = {}
+        self._sensor_of: dict[tuple[QuotaType, str, str], Sensor] = {}
+        self.storage = StorageScaling() if storage is None else storage
+
+    # The storage scaling's fields, as the manager's own (a replay sets them so).
+    @property
+    def produce_scale(self) -> float | None:
+        return self.storage.scale
+
+    @produce_scale.setter
+    def produce_scale(self, scale: float | None) -> None:
+        self.storage.scale = scale
+
+    @property
+    def unquoted_produce_bound(self) -> float:
+        return self.storage.unquoted_produce_bound
+
+    @unquoted_produce_bound.setter
+    def unquoted_produce_bound(self, bound: float) -> None:
+        self.storage.unquoted_produce_bound = bound
+
+    @property
+    def exempt_users(self) -> frozenset[str]:
+        return self.storage.exempt_users
+
+    @exempt_users.setter
+    def exempt_users(self, users: frozenset[str]) -> None:
+        self.storage.exempt_users = users
+
+    @property
+    def exempt_client_ids(self) -> frozenset[str]:
+        return self.storage.exempt_client_ids
+
+    @exempt_client_ids.setter
+    def exempt_client_ids(self, client_ids: frozenset[str]) -> None:
+        self.storage.exempt_client_ids = client_ids
+
+    # ------------------------------------------------------------------ configuration
+    def update(self, settings: QuotaSettings) -> None:
+        """Apply new quotas to live sensors (a new window shape starts sensors afresh)."""
+        reshape = (settings.samples, settings.window_ms) != (
+            self.settings.samples, self.settings.window_ms)
+        self.settings = settings
+        self._by_type = {qt: settings.for_type(qt) for qt in QuotaType}
+        self._resolved.clear()
+        self._sensor_of.clear()
+        if reshape:
+            self.sensors.clear()
+            return
+        for sensor in self.sensors.values():
+            sensor.bound, sensor.entity = quota_limit(self._by_type[sensor.quota_type],
+                                                      sensor.tags)
+
+    def resolve(self, quota_type: QuotaType, user: str, client_id: str) -> Resolution:
+        key = (quota_type, user, client_id)
+        found = self._resolved.get(key)
+        if found is None:
+            if len(self._resolved) >= CACHE_LIMIT:
+                self._resolved.clear()
+            found = self._resolved[key] = resolve(
+                self._by_type[quota_type], quota_type, user, client_id)
+        return found
+
+    def enabled(self, quota_type: QuotaType) -> bool:
+        """Whether any entity has a quota of this type (if not, nothing can be throttled)."""
+        return bool(self._by_type[quota_type])
+
+    # ------------------------------------------------------------------ recording
+    def sensor(self, quota_type: QuotaType, user: str, client_id: str, now_ms: int) -> Sensor:
+        who = (quota_type, user, client_id)
+        sensor = self._sensor_of.get(who)
+        if sensor is not None:
+            return sensor
+        resolution = self.resolve(quota_type, user, client_id)
+        key = (quota_type, resolution.tags)
+        sensor = self.sensors.get(key)
+        if sensor is None:
+            sensor = self.sensors[key] = Sensor(
+                quota_type, resolution.tags,
+                SampledRate(self.settings.samples, self.settings.window_ms),
+                resolution.limit, resolution.entity, now_ms)
+        if len(self._sensor_of) >= CACHE_LIMIT:
+            self._sensor_of.clear()
+        self._sensor_of[who] = sensor
+        return sensor
+
+    def record(self, quota_type: QuotaType, user: str, client_id: str, value: float,
+               now_ms: int, scale: float | Current | None = CURRENT) -> int:
+        """Record ``value`` (bytes, or percent-of-thread for request quotas) and return the
+        throttle time in ms. ``scale`` (produce): the storage scale in force when the request
+        was read, when that is not the one in force now (``produce_scale``)."""
+        sensor = self._sensor_of.get((quota_type, user, client_id))
+        if sensor is None:
+            sensor = self.sensor(quota_type, user, client_id, now_ms)
+        sensor.last_record_ms = now_ms
+        bound = sensor.bound
+        if quota_type is QuotaType.PRODUCE:
+            storage = self.storage
+            if isinstance(scale, Current):
+                scale = storage.scale
+            if scale is not None and not storage.exempt(user, client_id):
+                return self._paced_throttle(sensor, value, now_ms, scale)
+        if bound is None:
+            sensor.rate.record(value, now_ms)
+            return 0
+        rate, window = sensor.rate.record_and_measure(value, now_ms)
+        if self.hook is not None:  # budgets shared with other processes (``quota.shared``)
+            rate, window, bound = self.hook(sensor, value, rate, window, now_ms)
+        if rate <= bound:
+            return 0
+        cap = None
+        if quota_type is QuotaType.REQUEST or self.settings.cap_byte_rate_throttle:
+            cap = self.settings.window_ms
+        throttle = throttle_time_ms(rate, bound, window, cap)
+        if throttle:
+            sensor.throttled_requests += 1
+            sensor.throttle_ms_total += throttle
+        return throttle
+
+    def _paced_throttle(self, sensor: Sensor, value: float, now_ms: int, scale: float) -> int:
+        """The throttle of a produce budget while storage scaling applies to it.
+
+        Each request is paid for at the scaled bound T: the budget is paced up to
+        ``max(paced_until, now) + value / T``, and the throttle is what lies beyond one
+        window from now (one window of bytes at T may go at once, as Kafka's window allows).
+        Whatever the request size, the rate over any span is T plus at most that one window.
+        Kafka's sampled rate cannot promise that: a request of more than (N-1) windows of
+        bytes at T is purged from the samples before its throttle is over, so with few
+        windows large batches go through faster than T; and capping its throttle at a window
+        lets one batch through per window whatever T.
+
+        Requests read before scaling began are not paced, even when their responses (and so
+        their records) come after: what a producer sent at the rate allowed then, pipelined
+        requests included, freezes nothing. Pacing owed from an earlier THROTTLE is still
+        owed until its time has passed. The sampled rate records every request (metrics, and
+        Kafka's throttle once scaling ends). Only what was recorded, with the scale each
+        request was read under, decides the throttle: a replay gives the same."""
+        sensor.rate.record(value, now_ms)
+        configured = sensor.bound
+        bound = (self.storage.unquoted_produce_bound if configured is None else configured) * scale
+        paced = sensor.paced_until
+        if paced is None or paced < now_ms:
+            paced = now_ms
+        if bound <= 0:  # paused: the proxy admits nothing; nothing is owed
+            sensor.paced_until = paced
+            return 0
+        paced += value * 1000.0 / bound
+        sensor.paced_until = paced
+        throttle = min(java_round(paced - now_ms - self.settings.window_ms), INT32_MAX)
+        if throttle <= 0:
+            return 0
+        sensor.throttled_requests += 1
+        sensor.throttle_ms_total += throttle
+        return throttle
+
+    def storage_exempt(self, user: str, client_id: str) -> bool:
+        return self.storage.exempt(user, client_id)
+
+    def produce_bound(self, bound: float | None, user: str, client_id: str) -> float | None:
+        """The produce bound in force for a budget whose configured bound is ``bound``."""
+        storage = self.storage
+        scale = storage.scale
+        if scale is None or storage.exempt(user, client_id):
+            return bound
+        return (storage.unquoted_produce_bound if bound is None else bound) * scale
+
+    def produce_headroom(self, user: str, client_id: str, now_ms: int) -> bool:
+        """``Sensor.headroom`` of this client's produce budget, under the bound in force;
+        while storage scaling paces it: whether the requests in flight, once recorded, would
+        still not be throttled."""
+        sensor = self.sensor(QuotaType.PRODUCE, user, client_id, now_ms)
+        bound = self.produce_bound(sensor.bound, user, client_id)
+        if self.storage.scale is None or self.storage.exempt(user, client_id):
+            if self.headroom_hook is not None and bound is not None:
+                return self.headroom_hook(sensor, now_ms, bound)
+            return sensor.headroom(now_ms, bound)
+        if bound is None or bound <= 0:
+            return False
+        paced = sensor.paced_until
+        if paced is None or paced < now_ms:
+            paced = now_ms
+        return paced + sensor.in_flight * 1000.0 / bound - now_ms < self.settings.window_ms
+
+    def expire(self, now_ms: int) -> int:
+        """Drop sensors with no record for ``idle_expiry_ms``; return how many."""
+        idle = [k for k, s in self.sensors.items()
+                if now_ms - s.last_record_ms >= self.idle_expiry_ms]
+        for k in idle:
+            del self.sensors[k]
+        # The caches start afresh at every run, budgets expired or not: a manager that only
+        # resolves (``QuotaEnforcer.limits``) has no budget to expire, and the (user,
+        # client-id) pairs it has seen are worth nothing once gone.
+        self._resolved.clear()
+        self._sensor_of.clear()
+        if len(idle) > len(self.sensors):  # (a dict never shrinks its table by itself)
+            self.sensors = dict(self.sensors)
+        return len(idle)
+
+    def cache_entries(self) -> int:
+        """Entries of the (quota type, user, client-id) caches (each at most CACHE_LIMIT)."""
+        return len(self._resolved) + len(self._sensor_of)
+
+    def __iter__(self) -> Iterator[Sensor]:
+        return iter(self.sensors.values())

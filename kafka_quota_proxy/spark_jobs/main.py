@@ -1,0 +1,317 @@
+"""The thin entry point: read a capture, reproduce it (match rate), replay it under a
+candidate config, profile it, optionally tune (keeping the base config's structure), and write
+the report."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, cast
+
+import pandas as pd
+import yaml
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from kafka_quota_proxy.quota.entities import QuotaType, resolve
+from kafka_quota_proxy.quota.replay import settings_from_section
+from kafka_quota_proxy.spark_jobs import report
+from kafka_quota_proxy.spark_jobs.capture import (
+    read_capture,
+    read_live_configs,
+    read_storage_settings,
+)
+from kafka_quota_proxy.spark_jobs.profile import (
+    budget_demand,
+    budget_seconds,
+    entity_profile,
+    entity_seconds,
+    recorded_throttles,
+)
+from kafka_quota_proxy.spark_jobs.replay import (
+    Catalog,
+    MultiProcess,
+    catalog_of,
+    entity_totals,
+    match_rate,
+    overlapping,
+    process_spans,
+    replay_summary,
+    single_point,
+    throttle_histogram,
+)
+from kafka_quota_proxy.spark_jobs.session import spark_session
+from kafka_quota_proxy.spark_jobs.tune import (
+    KEYS,
+    Recommendation,
+    TuneOptions,
+    budget_mapping,
+    governing,
+    retune,
+    whole_minutes,
+)
+
+
+def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, Any] | None,
+        master: str | None = None, tune: bool = False,
+        options: TuneOptions | None = None) -> dict[str, Any]:
+    """Returns the run's facts (also in ``out_dir/summary.json``). ``tune``: recommend quotas
+    that keep the structure of the base config (``candidate``, else the last config live in
+    the capture; ``spark_jobs.tune``) and replay the capture under them."""
+    started = time.monotonic()
+    options = options or TuneOptions()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if candidate is None and not tune and not read_live_configs(capture_dir):
+        raise ValueError("nothing to replay: no candidate config and no live configs")
+    phases: dict[str, float] = {}
+    mark = time.monotonic()
+
+    def phase(name: str) -> None:
+        nonlocal mark
+        now = time.monotonic()
+        phases[name] = round(now - mark, 1)
+        mark = now
+
+    spark = spark_session(master)
+    phase("spark start")
+    captures = read_capture(spark, capture_dir)
+    live = read_live_configs(capture_dir)
+    storage = read_storage_settings(capture_dir)
+    spans = process_spans(captures)  # per process: requests, first and last, clock offset
+    start_s, end_s = whole_minutes(int(spans["first_ms"].min()), int(spans["last_ms"].max()),
+                                   options.span_seconds)
+    minutes = (end_s - start_s) / 60
+    facts: dict[str, Any] = {"requests": int(spans["requests"].sum()),
+                             "whole minutes": int(minutes) if minutes.is_integer()
+                             else round(minutes, 2),
+                             "processes": len(spans)}
+    catalog = catalog_of(captures)  # the names the replays move as numbers
+    pairs = list(catalog.names.entities.values())
+    phase("read")
+
+    if live:
+        reproduction = replay_summary(captures, live=live, catalog=catalog,
+                                      storage=storage).cache()
+        matched, total = match_rate(reproduction)
+        facts["reproduction match"] = f"{matched}/{total} ({matched / max(total, 1):.4%})"
+        facts["match_rate"] = matched / max(total, 1)
+        phase("reproduction replay")
+
+    multi = _multi_process(captures, spans, candidate, live, catalog, storage)
+    if multi is not None:
+        instances = multi.processes["instance"].replace("", None).nunique()
+        facts["multi-process capture"] = (
+            f"{len(multi.processes)} processes ({instances or 'unknown'} instances) ran at the "
+            "same time: see \"Multi-process capture\"")
+        multi.processes.to_csv(out / "processes.csv", index=False)
+        multi.budgets.to_csv(out / "multi_process.csv", index=False)
+        phase("single-point replay")
+
+    sec = entity_seconds(captures).cache()  # shared by the profile and the budgets' demand
+    profile = _pandas(entity_profile(captures, catalog.entity_frame, sec))
+    profile.to_csv(out / "profile.csv", index=False)
+    recorded = _pandas(recorded_throttles(captures, catalog.entity_frame))
+    phase("profile")
+
+    # The config whose budgets are measured (and, with --tune, whose structure is kept).
+    base, base_label = _base(candidate, live)
+    mapping = budget_mapping(pairs, base or {}, _types(base, tune))
+    seconds = budget_seconds(sec, mapping, catalog.entity_frame).cache()
+    chosen = candidate
+    label = "candidate config"
+    recommendation: Recommendation | None = None
+    if tune:
+        demand = budget_demand(seconds, mapping, start_s, end_s, options.percentile,
+                               options.span_seconds)
+        recommendation = retune(base or {}, demand, pairs, options, minutes)
+        last_live = _base(None, live)[0]
+        if candidate is not None and last_live is not None and (
+                settings_from_section(candidate).entities
+                != settings_from_section(last_live).entities):
+            recommendation.notes.append(
+                "the base (--config) is not the config last live in the capture: what was "
+                "recorded is the live config's doing")
+        chosen = recommendation.section
+        (out / "recommended-quotas.yaml").write_text(
+            yaml.safe_dump({"quotas": chosen}, sort_keys=False))
+        demand.to_csv(out / "demand.csv", index=False)
+        label = "recommended config"
+        facts["recommended from"] = base_label
+        phase("tune")
+    if chosen is not None:
+        summary = replay_summary(captures, candidate=chosen, catalog=catalog,
+                                 storage=storage).cache()
+        totals_pd = _pandas(entity_totals(summary))
+        totals_pd.to_csv(out / "replay.csv", index=False)
+        histogram = _pandas(throttle_histogram(summary))
+        phase("replay")
+    else:
+        summary = reproduction
+        totals_pd = _pandas(entity_totals(summary))
+        histogram = _pandas(throttle_histogram(summary))
+        label = "live config"
+    recorded_histogram = (recorded.groupby("bucket_ms")["requests"].sum().reset_index()
+                          .sort_values("bucket_ms"))
+    facts["throttled requests (recorded)"] = int(recorded_histogram["requests"].sum())
+    facts["throttled requests (replay)"] = int(histogram["requests"].sum())
+
+    # Rates of the top budgets over time, with the quota each has.
+    series, quotas = _top_budgets(seconds, mapping, chosen or base or {},
+                                  base if tune else None)
+    seconds.unpersist()
+    sec.unpersist()
+    plots = {"Rate vs quota, top budgets": "rates.png",
+             "Throttle distribution: recorded vs replayed": "throttles.png",
+             "Before / after": "before_after.png"}
+    report.plot_rates(series, quotas, out / "rates.png")
+    report.plot_throttles(recorded_histogram, histogram, out / "throttles.png", label)
+    report.plot_before_after(totals_pd, out / "before_after.png", label)
+    before_after = _before_after(totals_pd, recorded, pairs, chosen or base or {})
+    before_after.to_csv(out / "before_after.csv", index=False)
+    phase("report")
+    facts["seconds"] = round(time.monotonic() - started, 1)
+    facts["seconds by phase"] = phases
+    report.write_report(out, {k: v for k, v in facts.items() if k != "match_rate"}, profile,
+                        before_after, plots, recommendation, label, base_label, multi)
+    (out / "summary.json").write_text(json.dumps(facts, indent=1, default=str))
+    return facts
+
+
+def _pandas(df: DataFrame) -> pd.DataFrame:
+    return cast(pd.DataFrame, df.toPandas())
+
+
+def _multi_process(captures: DataFrame, spans: pd.DataFrame,
+                   candidate: Mapping[str, Any] | None,
+                   live: Mapping[tuple[str, int], Mapping[str, Any]],
+                   catalog: Catalog, storage: Mapping[str, Mapping[str, Any]],
+                   ) -> MultiProcess | None:
+    """For a capture of processes that ran at the same time (``replay.overlapping``): each
+    budget's rate as recorded and under one enforcement point, under the configs that were
+    live (budgets and quotas of the last one), else the config given. None for a capture of
+    one process at a time, or with no config to measure budgets by."""
+    if not overlapping(spans):
+        return None
+    if live:
+        base, base_label = _base(None, live)
+        config = ("the configs live in the capture (each request under its own run's), "
+                  f"budgets and quotas as in {base_label}")
+        budgets = single_point(captures, spans, live=live, base=base, catalog=catalog,
+                               storage=storage)
+    elif candidate is not None:
+        config = "the config given (--config): the capture has no live config"
+        budgets = single_point(captures, spans, candidate=candidate, catalog=catalog,
+                               storage=storage)
+    else:
+        return None
+    return MultiProcess(spans, budgets, config)
+
+
+def _base(candidate: Mapping[str, Any] | None,
+          live: Mapping[tuple[str, int], Mapping[str, Any]]
+          ) -> tuple[Mapping[str, Any] | None, str]:
+    """The config given, else the last one live in the capture (the latest run, by its start
+    time, and its latest generation)."""
+    if candidate is not None:
+        return candidate, "the config given (--config)"
+    if not live:
+        return None, "no config (none given, none live in the capture)"
+
+    def order(key: tuple[str, int]) -> tuple[int, str, int]:
+        run, generation = key
+        start = run.rsplit("-", 1)[-1]
+        return (int(start) if start.isdigit() else 0, run, generation)
+
+    run, generation = max(live, key=order)
+    return live[(run, generation)], f"the live config of run {run}, generation {generation}"
+
+
+def _types(base: Mapping[str, Any] | None, tune: bool) -> list[QuotaType]:
+    """The quota types whose budgets are measured: produce and fetch (plotted), and request
+    when the base config has a request quota (or, tuning, none at all)."""
+    settings = settings_from_section(base or {})
+    types = [QuotaType.PRODUCE, QuotaType.FETCH]
+    if settings.for_type(QuotaType.REQUEST) or (tune and not settings.entities):
+        types.append(QuotaType.REQUEST)
+    return types
+
+
+def _label(qt: QuotaType, tags: tuple[str, str]) -> str:
+    user, client = tags
+    if user and client:
+        path = f"users/{user}/clients/{client}"
+    elif user:
+        path = f"users/{user}"
+    else:
+        path = f"clients/{client}"
+    return f"{path} {qt.short}"
+
+
+def _top_budgets(seconds: DataFrame, mapping: pd.DataFrame, section: Mapping[str, Any],
+                 live: Mapping[str, Any] | None, n: int = 4,
+                 ) -> tuple[pd.DataFrame, dict[str, list[tuple[str, float]]]]:
+    """The per-second rates of the ``n`` produce/fetch budgets that moved the most bytes, on
+    the busiest broker of each, and each one's quota under ``section`` (and ``live``)."""
+    names = mapping[["budget", *KEYS]].drop_duplicates("budget")
+    names = names[names["quota_type"].isin(["produce", "fetch"])]
+    per_broker = _pandas(seconds.groupBy("budget", "broker").agg(F.sum("value").alias("total")))
+    top = (per_broker.merge(names, on="budget").sort_values("total", ascending=False)
+           .drop_duplicates("budget").head(n))
+    if top.empty:
+        return pd.DataFrame(columns=["label", "second", "value"]), {}
+    chosen = seconds.sparkSession.createDataFrame(top[["budget", "broker"]],
+                                                  "budget int, broker int")
+    rates = _pandas(seconds.join(F.broadcast(chosen), ["budget", "broker"]))
+    which = "recommended" if live is not None else "replayed"
+    quotas: dict[str, list[tuple[str, float]]] = {}
+    labels = {}
+    for r in top.itertuples(index=False):
+        qt = QuotaType.from_short(str(r.quota_type))
+        tags = (str(r.budget_user), str(r.budget_client))
+        label = labels[r.budget] = _label(qt, tags)
+        lines = []
+        for name, config in ((which, section), ("live", live)):
+            if config is not None:
+                limit = governing(config, qt, tags)[0]
+                if limit is not None:
+                    lines.append((name, limit))
+        quotas[label] = lines
+    rates["label"] = rates["budget"].map(labels)
+    order = {budget: i for i, budget in enumerate(labels)}
+    rates = rates.assign(_order=rates["budget"].map(order)).sort_values(["_order", "second"])
+    return rates[["label", "second", "value"]], quotas
+
+
+def _before_after(totals: pd.DataFrame, recorded: pd.DataFrame,
+                  pairs: list[tuple[str, str]], section: Mapping[str, Any]) -> pd.DataFrame:
+    """Per (user, client-id): the entities whose budgets it records into under ``section``,
+    then throttled requests, time held back and bytes delayed, recorded and replayed."""
+    rec = recorded.groupby(["user", "client_id"]).agg(
+        recorded_throttled_requests=("requests", "sum"),
+        recorded_held_back_s=("throttle_ms", "sum"),
+        recorded_bytes_delayed=("moved", "sum")).reset_index()
+    rec["recorded_held_back_s"] = rec["recorded_held_back_s"] / 1000.0
+    replayed = totals[["user", "client_id", "throttled_requests", "throttle_ms",
+                       "bytes_delayed"]].assign(held_back_s=totals["throttle_ms"] / 1000.0)
+    out = replayed.drop(columns="throttle_ms").merge(rec, on=["user", "client_id"],
+                                                     how="outer")
+    numbers = [c for c in out.columns if c not in ("user", "client_id")]
+    out[numbers] = out[numbers].fillna(0)
+    counts = ["throttled_requests", "bytes_delayed", "recorded_throttled_requests",
+              "recorded_bytes_delayed"]
+    out[counts] = out[counts].astype("int64")
+    settings = settings_from_section(section)
+    names = {}
+    for user, client_id in pairs:
+        found = []
+        for qt in QuotaType:
+            entity = resolve(settings.for_type(qt), qt, user, client_id).entity
+            if entity is not None:
+                found.append(f"{entity.path} ({qt.short})")
+        names[(user, client_id)] = ", ".join(found) or "none"
+    out["entities"] = [names.get((u, c), "none")
+                       for u, c in zip(out["user"], out["client_id"], strict=True)]
+    return out
