@@ -656,7 +656,8 @@ def test_racks_form_from_the_issue() -> None:
 
 
 def test_custom_selector_by_module_and_class() -> None:
-    cfg = parse_config(BASE + "racks:\n  selector: kafka_quota_proxy.routing.selector:LeaderSelector\n", SOURCE)
+    cfg = parse_config(
+        BASE + "racks:\n  selector: kafka_quota_proxy.routing.selector:LeaderSelector\n", SOURCE)
     assert cfg.racks is not None
     assert type(cfg.racks.make_selector()).__name__ == "LeaderSelector"
 
@@ -666,7 +667,8 @@ def test_custom_selector_by_module_and_class() -> None:
     [
         ("racks:\n  selector: nearest\n", 8, "racks.selector", '"module:Class"'),
         ("racks:\n  selector: 'no_such_module:X'\n", 8, "racks.selector", "cannot import"),
-        ("racks:\n  selector: 'kafka_quota_proxy.routing.selector:Nope'\n", 8, "racks.selector", "has no 'Nope'"),
+        ("racks:\n  selector: 'kafka_quota_proxy.routing.selector:Nope'\n", 8, "racks.selector",
+         "has no 'Nope'"),
         ("racks:\n  decide: maybe\n", 8, "racks.decide", "'broker' or 'proxy'"),
         ("racks:\n  brokers: {one: a}\n", 8, "racks.brokers.one.[key]", "valid integer"),
         ("racks:\n  clients:\n    - {rack: a}\n", 9, "racks.clients.0", "client_id pattern"),
