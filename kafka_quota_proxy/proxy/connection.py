@@ -98,8 +98,6 @@ class ProxiedConnection(asyncio.Protocol):
             self.requests.watch(self._watcher.watch_produce)
         # SASL termination reads the client's bytes until the client has authenticated
         self._interceptor: Any = next((f for f in self.chain.filters if f.intercepts), None)
-        if self._interceptor is not None:
-            self.data_received = self._intercepted  # type: ignore[method-assign]
         self.responses = ResponseStream(
             self.table,
             self._response_frame if self.chain.response_frame else ctx.rewriter,
@@ -130,6 +128,7 @@ class ProxiedConnection(asyncio.Protocol):
         # and the time spent so far on a frame still arriving.
         self._read_now: list[InFlight] = []
         self._reading_ms = 0.0
+        self._last_read: InFlight | None = None  # the request read last (its frame may go on)
 
     @property
     def peer(self) -> str:
@@ -266,10 +265,19 @@ class ProxiedConnection(asyncio.Protocol):
         return serial
 
     def data_received(self, data: bytes) -> None:
+        """The client's bytes: the intercepting filter's while it reads them (SASL termination,
+        until the client has authenticated), else read as requests."""
+        if self._interceptor is not None:
+            self._intercepted(data)
+        else:
+            self._read_client(data)
+
+    def _read_client(self, data: bytes) -> None:
         """Read requests, and time it: the proxy's own time on a request is part of what a
         request quota charges for it (``quota.request_time``). A read's time is shared by the
-        requests it completed; a read that completed none (a frame still arriving) passes its
-        time on to the frame's request."""
+        requests whose headers it read; a read that read none went on with the frame of the
+        last request read (a Produce arriving in many reads: its time is that request's), or
+        with a header not complete yet (its time waits for that request)."""
         started = _now()
         self._read_requests(data)
         work = self._reading_ms + (_now() - started) * 1000.0
@@ -278,10 +286,16 @@ class ProxiedConnection(asyncio.Protocol):
             share = work / len(read)
             for entry in read:
                 entry.proxy_ms += share
+            self._last_read = read[-1]
             read.clear()
             self._reading_ms = 0.0
+        elif self.requests.reading_header:
+            self._reading_ms = work
         else:
-            self._reading_ms = work if self.requests.mid_frame else 0.0
+            self._reading_ms = 0.0
+            last = self._last_read
+            if last is not None and data:
+                last.proxy_ms += work
 
     def _read_requests(self, data: bytes) -> None:
         if self._finishing or self._refusing is not None:
@@ -356,8 +370,8 @@ class ProxiedConnection(asyncio.Protocol):
         f = self._interceptor
         if self.closed:
             return
-        if f is None:  # authenticated: uvloop keeps calling the bound method it was given
-            ProxiedConnection.data_received(self, data)
+        if f is None:  # (authenticated since this call was scheduled)
+            self._read_client(data)
             return
         try:
             result = f.intercept(data)
@@ -369,16 +383,15 @@ class ProxiedConnection(asyncio.Protocol):
         for answer in result.answers:
             transport.write(answer)
         if result.forward:
-            ProxiedConnection.data_received(self, result.forward)
+            self._read_client(result.forward)
         if result.failed is not None:  # the answer goes, then the connection closes
             self.close(result.failed.reason, detail=str(result.failed), side="client")
             return
         if f.authenticated:
-            self._interceptor = None
-            del self.data_received  # the class's: reading as usual from now on
+            self._interceptor = None  # reading as usual from now on
             rest = f.rest
             if rest:
-                self.data_received(rest)
+                self._read_client(rest)
 
     def hold_responses(self, reason: str) -> None:
         self._response_holds.add(reason)
@@ -404,12 +417,12 @@ class ProxiedConnection(asyncio.Protocol):
             asyncio.get_running_loop().call_soon(self._intercepted, b"")
 
     def _read_held(self) -> None:
-        """Reading resumed: go on with requests held back while paused. (The class's reading,
-        not ``self.data_received``: while a SASL-terminating listener still intercepts the
-        client's bytes, what is held was forwarded by the interception already.)"""
+        """Reading resumed: go on with requests held back while paused. (The requests' reading,
+        not ``data_received``: while a SASL-terminating listener still intercepts the client's
+        bytes, what is held was forwarded by the interception already.)"""
         requests = self.requests
         if (requests.held or requests.reading_header) and self._may_read_next():
-            ProxiedConnection.data_received(self, b"")  # (a frame begun waits in reading_header)
+            self._read_client(b"")  # (a frame begun waits in reading_header)
 
     def _handle_requests(self, forward: Buffer | bytearray, events: list[InFlight]) -> None:
         chain = self.chain
