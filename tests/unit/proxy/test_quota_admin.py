@@ -281,3 +281,25 @@ def test_frames_other_filters_asked_for_are_left_alone() -> None:
     entry = InFlight(1, 15, 3, "consumer", len(frame) + 4, True)
     assert QuotaAdminFilter(host, admin).request_frame(entry, frame, True) is None
     assert entry.answer is None and host.close_reasons == []
+
+
+async def test_an_alter_written_here_is_in_force_before_it_is_answered() -> None:
+    """The alter's answer goes out as soon as ``write`` returns: by then this proxy applies
+    the new quotas (``on_change``), not a loop turn later."""
+    admin, changed = _admin()
+
+    class Producer:
+        async def send(self, topic: str, value: bytes | None, key: bytes) -> Any:
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+
+    async def ready() -> Any:
+        return Producer()
+
+    admin._ready_producer = ready  # type: ignore[method-assign]
+    await admin.write([Change((("user", "bob"),), "producer_byte_rate", 10.0)], "admin")
+    assert changed == [1]
+    assert admin.overrides == {(("user", "bob"),): {"producer_byte_rate": 10.0}}
+    await asyncio.sleep(0)
+    assert changed == [1]  # (once)

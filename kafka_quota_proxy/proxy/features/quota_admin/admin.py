@@ -132,6 +132,10 @@ class ClientQuotaAdmin:
                 await self._discard_producer()
                 raise AlterFailed(repr(exc)[:300]) from None
         self._apply(changes)
+        soon = self._change_soon
+        if soon is not None:  # in force here before the alter is answered
+            soon.cancel()
+            self._changed()
         log.info("quota_altered", principal=principal,
                  changes=[{"entity": dict(c.entity), "key": c.key, "value": c.value}
                           for c in changes][:50])
