@@ -92,8 +92,7 @@ class ProxiedConnection(asyncio.Protocol):
         self.requests.gate_client_ids()  # each request judged by its own header's client-id
         self.chain = FilterChain([make(self) for make in ctx.filters])
         # the filter that follows Produce frames as they pass (the topic guard)
-        self._watcher: Any = next(
-            (f for f in self.chain.filters if hasattr(f, "watch_produce")), None)
+        self._watcher = next((f for f in self.chain.filters if f.watches_produce), None)
         if self._watcher is not None and interests.produce_topics:
             self.requests.watch(self._watcher.watch_produce)
         # SASL termination reads the client's bytes until the client has authenticated
@@ -433,7 +432,8 @@ class ProxiedConnection(asyncio.Protocol):
             watched, requests.watched = requests.watched, []
             patched = patch_captured(requests, forward, events, captured,
                                      self._request_frame, self._refused, watched,
-                                     self._watcher.produce_watched if watched else None)
+                                     self._watcher.produce_watched
+                                     if watched and self._watcher is not None else None)
             if patched is None:  # a request refused where it cannot be cut out
                 refusing = self._refusing
                 assert refusing is not None
@@ -562,7 +562,7 @@ class ProxiedConnection(asyncio.Protocol):
         # the rewriter sets preferred_read_replica, answers what a filter took out, or
         # replaces the response with the proxy's answer
         routed = (entry.route is not None or entry.refused is not None
-                  or entry.answer is not None)
+                  or (entry.answer is not None and not entry.local))
         throttle = entry.throttle_ms
         if throttle <= 0:
             return routed

@@ -109,12 +109,25 @@ class Filter:
     # Reads the client's bytes before the request stream until it says otherwise (SASL
     # termination: ``intercept``, ``authenticated``, ``rest``); at most one per chain.
     intercepts = False
+    # Follows Produce frames as they pass, never held (``watch_produce(api_version)`` makes
+    # the watch, ``produce_watched(entry, watch)`` hears of one that named what it watches
+    # for or did not parse: the topic guard); at most one per chain.
+    watches_produce = False
 
     @staticmethod
     def interests(api_key: int, api_version: int) -> Interest:
         """The frames this filter needs to see (``protocol.interests``); declared per filter
         class, collected once into the proxy's ``InterestTable``."""
         return Interest.NONE
+
+    def watch_produce(self, api_version: int) -> Any:
+        """(``watches_produce``) The watch that follows one Produce frame."""
+        raise NotImplementedError
+
+    def produce_watched(self, entry: InFlight, watch: Any) -> None:
+        """(``watches_produce``) A Produce frame's watch found what it watches for, or the
+        frame did not parse."""
+        raise NotImplementedError
 
     def request(self, entry: InFlight) -> None:
         pass

@@ -94,7 +94,7 @@ class QuotaFilter(Filter):
         request through on every new connection (and with all its first bytes read at once,
         many). Connections that already carry the budget's requests keep Kafka's behaviour:
         each of their responses is throttled and the connection muted."""
-        limits = self._limits
+        limits = self.limited  # (cached: the same as ``serial`` found)
         if not limits or api_key is None:
             return False
         joined = self._joined

@@ -62,6 +62,10 @@ _REPLICA_STATE_FROM = 15
 
 
 class TopicGuardFilter(Filter):
+    """The topic guard on one connection (see the module's docstring)."""
+
+    watches_produce = True
+
     @staticmethod
     def interests(api_key: int, api_version: int) -> Interest:
         if api_key == _PRODUCE:
