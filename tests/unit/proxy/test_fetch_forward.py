@@ -1,20 +1,24 @@
 """Where the proxy puts a patched consumer fetch: the request stream forwards frames
-cut-through, so ``proxy.connection.patch_captured`` finds the captured fetch in the bytes it
-is about to forward and overwrites it there (same size), or leaves it alone when the frame is
-not wholly there. Checked under any chunking, with and without reading one frame at a time
-(clients with a quota)."""
+cut-through, so the connection (``proxy.connection.patch_captured``) finds the captured fetch
+in the bytes it is about to forward and overwrites it there (same size), or leaves it alone
+when the frame is not wholly there. A connection driven with a filter that patches every
+fetch it is given whole: checked under any chunking, with and without reading one frame at a
+time (clients with a quota)."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+from functools import partial
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kafka_quota_proxy.protocol.correlation import CorrelationTable, InFlight
-from kafka_quota_proxy.protocol.request_stream import RequestStream
-from kafka_quota_proxy.proxy.connection import patch_captured
+from kafka_quota_proxy.protocol.correlation import InFlight
+from kafka_quota_proxy.protocol.interests import Interest
+from kafka_quota_proxy.proxy.filters.base import Filter, FilterHost
+from testkit.connection import DrivenConnection
 from testkit.frames import chunked, request_frame
 
 FETCH, METADATA = 1, 3
@@ -37,28 +41,42 @@ def _mark(frame: bytes, corr: int) -> bytes:
     return frame[:-4] + (0x7F000000 + corr).to_bytes(4, "big")
 
 
+class _PatchFetches(Filter):
+    """Sees every fetch whole (as fetch routing does) and patches those it may (``_mark``),
+    recording whether each was patchable; ``one_at_a_time``: asks for frames one by one (as
+    quotas do)."""
+
+    def __init__(self, host: FilterHost, patchable: dict[int, bool],
+                 one_at_a_time: bool) -> None:
+        self.patchable = patchable
+        self.one_at_a_time = one_at_a_time
+
+    @staticmethod
+    def interests(api_key: int, api_version: int) -> Interest:
+        return Interest.REQUEST_FRAME if api_key == FETCH else Interest.NONE
+
+    def request_frame(self, entry: InFlight, frame: bytes, patchable: bool) -> bytes | None:
+        self.patchable[entry.correlation_id] = patchable
+        return _mark(frame, entry.correlation_id) if patchable else None
+
+    def serial(self) -> bool:
+        return self.one_at_a_time
+
+
 def _forward(chunks: list[bytes], one_at_a_time: bool) -> tuple[bytes, dict[int, bool]]:
-    stream = RequestStream(CorrelationTable(), capture=lambda e: e.api_key == FETCH)
+    """What reaches the broker of the client's reads ``chunks``, and whether each fetch was
+    patchable."""
     patchable: dict[int, bool] = {}
 
-    def route(entry: InFlight, frame: bytes, whole: bool) -> bytes | None:
-        patchable[entry.correlation_id] = whole
-        return _mark(frame, entry.correlation_id) if whole else None
+    async def drive() -> bytes:
+        h = await DrivenConnection.open(
+            [partial(_PatchFetches, patchable=patchable, one_at_a_time=one_at_a_time)])
+        for chunk in chunks:
+            h.client_sends(chunk)
+        assert h.closed_reason is None and not h.conn.requests.unread  # nothing held back
+        return h.upstream_got()
 
-    out = bytearray()
-
-    def feed(data: bytes) -> None:
-        forward, events = stream.feed(data, stop_after_frame=one_at_a_time)
-        if stream.captured:
-            captured, stream.captured = stream.captured, []
-            forward = patch_captured(stream, forward, events, captured, route)
-        out.extend(forward)
-
-    for chunk in chunks:
-        feed(chunk)
-        while stream.held:
-            feed(b"")
-    return bytes(out), patchable
+    return asyncio.run(drive()), patchable
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -16,16 +16,11 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from kafka_quota_proxy.config.schema import NetworkConfig
-from kafka_quota_proxy.protocol.correlation import InFlight
 from kafka_quota_proxy.protocol.headers import encode_request_header
-from kafka_quota_proxy.protocol.interests import InterestTable
 from kafka_quota_proxy.protocol.topic_fields import encode
-from kafka_quota_proxy.proxy.connection import ProxiedConnection, UpstreamSide
-from kafka_quota_proxy.proxy.context import ConnectionContext
 from kafka_quota_proxy.proxy.features.topic_guard.filter import TopicGuardFilter
 from kafka_quota_proxy.proxy.features.topic_guard.guard import TopicGuard
-from kafka_quota_proxy.proxy.metrics import ProxyStats
+from testkit.connection import DrivenConnection
 from testkit.frames import frame, kio_request, request_frame
 
 GUARDED = "__kafka_quota_proxy_quotas"
@@ -33,85 +28,9 @@ BATCH = b"\x00" * 61 + b'{"value":1e12}'  # opaque to the walk: skipped by its l
 _HEAD = 4 + 8 + 2 + 1 + 1  # size, api key/version/correlation, client id "p", header tags
 
 
-class _Transport:
-    """A socket's transport as the connection uses it: what is written, and how it ended."""
-
-    def __init__(self) -> None:
-        self.written = bytearray()
-        self.closing = False
-        self.aborted = False
-
-    def write(self, data: Any) -> None:
-        assert not self.closing, "written after close"
-        self.written += data
-
-    def writelines(self, parts: Any) -> None:
-        for part in parts:
-            self.write(part)
-
-    def close(self) -> None:
-        self.closing = True
-
-    def abort(self) -> None:
-        self.closing = self.aborted = True
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-
-class _Host:
-    draining = False
-
-    def __init__(self) -> None:
-        self.closed: list[str] = []
-
-    def admit(self, conn: Any, transport: Any) -> bool:
-        return True
-
-    def connection_opened(self, conn: Any) -> None:
-        pass
-
-    def connection_closed(self, conn: Any, reason: str) -> None:
-        self.closed.append(reason)
-
-
-class _Rewriter:
-    """The response rewriter: nothing to change here."""
-
-    def __call__(self, entry: InFlight, frame: Any) -> bytes | None:
-        return None
-
-    def rewrite_tail(self, entry: InFlight, tail: bytes) -> bytes:
-        return tail
-
-
-def _connection() -> tuple[ProxiedConnection, _Host, TopicGuard, _Transport, _Transport]:
-    host = _Host()
+async def _connection() -> tuple[DrivenConnection, TopicGuard]:
     guard = TopicGuard([GUARDED, "__kafka_quota_proxy_usage"])
-    ctx = ConnectionContext(
-        host=host, listener="broker-1", scope=1, network=NetworkConfig(),
-        connect_timeout_seconds=1.0, stats=ProxyStats(),
-        rewriter=_Rewriter(),  # type: ignore[arg-type]
-        interests=InterestTable([TopicGuardFilter.interests]),
-        filters=(partial(TopicGuardFilter, guard=guard),))
-    conn = ProxiedConnection(ctx, lambda: [])
-    client, broker = _Transport(), _Transport()
-    conn.transport = client  # type: ignore[assignment]
-    conn.client_gate.attach(client)  # type: ignore[arg-type]
-    side = UpstreamSide(conn)
-    side.transport = broker  # type: ignore[assignment]
-    side.gate.attach(broker)  # type: ignore[arg-type]
-    conn.upstream = side
-    return conn, host, guard, client, broker
+    return await DrivenConnection.open([partial(TopicGuardFilter, guard=guard)]), guard
 
 
 def _produce(version: int, topic: str, correlation: int, acks: int = 1) -> bytes:
@@ -181,21 +100,21 @@ def test_what_came_before_the_produce_is_answered_then_the_connection_closes(kin
     make, reason, counted = REFUSED[kind]
 
     async def main() -> None:
-        conn, host, guard, client, broker = _connection()
+        h, guard = await _connection()
         before = _before()
         with capture_logs() as logs:
-            conn.data_received(before + make(5) + _after())
-            assert bytes(broker.written) == before  # nothing of the Produce, nor after it
-            assert [e.correlation_id for e in conn.table.entries()] == [1, 2, 3]
-            assert not conn.closed
-            conn.data_received(request_frame(18, 0, 12, "c"))  # read no more: discarded
-            assert bytes(broker.written) == before
+            h.client_sends(before + make(5) + _after())
+            assert h.upstream_got() == before  # nothing of the Produce, nor after it
+            assert [e.correlation_id for e in h.conn.table.entries()] == [1, 2, 3]
+            assert not h.conn.closed
+            h.client_sends(request_frame(18, 0, 12, "c"))  # read no more: discarded
+            assert h.upstream_got() == before
             answers = _answer(1) + _answer(2) + _answer(3)
-            conn.upstream_data(answers[:7])
-            assert not conn.closed
-            conn.upstream_data(answers[7:])
-        assert bytes(client.written) == answers  # every answer, then the close
-        assert conn.closed and host.closed == [reason] and not broker.aborted
+            h.upstream_sends(answers[:7])
+            assert not h.conn.closed
+            h.upstream_sends(answers[7:])
+        assert h.client_got() == answers  # every answer, then the close
+        assert h.conn.closed and h.host.closed == [reason] and not h.upstream.aborted
         assert guard.closed == {counted: 1}
         refused = [e for e in logs if e["event"] == "request_refused"]
         assert [(e["reason"], e["answering"]) for e in refused] == [(reason, 3)]
@@ -208,16 +127,16 @@ def test_a_produce_whose_failure_shows_before_its_end_is_cut_all_the_same() -> N
     so it is cut there, and its rest (read later) is discarded."""
 
     async def main() -> None:
-        conn, host, _, client, broker = _connection()
+        h, _ = await _connection()
         before = _before()
         bad = _unfollowable(5)
-        conn.data_received(before + bad[: _HEAD + 20])
-        assert bytes(broker.written) == before and not conn.closed
-        conn.data_received(bad[_HEAD + 20:] + _after())
-        assert bytes(broker.written) == before
-        conn.upstream_data(_answer(1) + _answer(2) + _answer(3))
-        assert bytes(client.written) == _answer(1) + _answer(2) + _answer(3)
-        assert host.closed == ["malformed_frame"]
+        h.client_sends(before + bad[: _HEAD + 20])
+        assert h.upstream_got() == before and not h.conn.closed
+        h.client_sends(bad[_HEAD + 20:] + _after())
+        assert h.upstream_got() == before
+        h.upstream_sends(_answer(1) + _answer(2) + _answer(3))
+        assert h.client_got() == _answer(1) + _answer(2) + _answer(3)
+        assert h.host.closed == ["malformed_frame"]
 
     asyncio.run(main())
 
@@ -227,17 +146,17 @@ def test_a_produce_begun_in_an_earlier_read_closes_the_connection_at_once() -> N
     cut, the connection closes at once (the answers before it are lost with it)."""
 
     async def main() -> None:
-        conn, host, guard, client, broker = _connection()
+        h, guard = await _connection()
         before = _before()
         bad = _cut_short(5)
         first = _HEAD + 12  # past acks: the header read, the frame's first bytes forwarded
         with capture_logs() as logs:
-            conn.data_received(before + bad[:first])
-            assert bytes(broker.written) == before + bad[:first]
-            conn.data_received(bad[first:] + _after())
-        assert bytes(broker.written) == before + bad[:first]
-        assert conn.closed and host.closed == ["malformed_frame"] and broker.aborted
-        assert not client.written and guard.closed == {"produce_unparsed": 1}
+            h.client_sends(before + bad[:first])
+            assert h.upstream_got() == before + bad[:first]
+            h.client_sends(bad[first:] + _after())
+        assert h.upstream_got() == before + bad[:first]
+        assert h.conn.closed and h.host.closed == ["malformed_frame"] and h.upstream.aborted
+        assert not h.client_got() and guard.closed == {"produce_unparsed": 1}
         [closed] = [e for e in logs if e["event"] == "connection_closed"]
         assert "closed at once" in closed["detail"] and closed["in_flight"] == 4
         assert not [e for e in logs if e["event"] == "request_refused"]
@@ -247,9 +166,9 @@ def test_a_produce_begun_in_an_earlier_read_closes_the_connection_at_once() -> N
 
 def test_a_refused_produce_first_closes_the_connection_with_nothing_to_answer() -> None:
     async def main() -> None:
-        conn, host, _, _, broker = _connection()
-        conn.data_received(_produce(2, GUARDED, 5) + _after())
-        assert conn.closed and host.closed == ["guarded_topic"] and not broker.written
+        h, _ = await _connection()
+        h.client_sends(_produce(2, GUARDED, 5) + _after())
+        assert h.conn.closed and h.host.closed == ["guarded_topic"] and not h.upstream_got()
 
     asyncio.run(main())
 
@@ -259,13 +178,13 @@ def test_produce_frames_the_guard_lets_through_are_forwarded() -> None:
     acks too (no answer to make): the connection stays open, nothing is cut."""
 
     async def main() -> None:
-        conn, host, guard, _, broker = _connection()
+        h, guard = await _connection()
         spoiled = _produce(9, GUARDED, 5)
         quiet = _produce(2, GUARDED, 6, acks=0)
         data = _before() + spoiled + quiet + _after()
-        conn.data_received(data)
-        assert len(broker.written) == len(data) and bytes(broker.written) != data
-        assert not conn.closed and not host.closed and not guard.closed
-        assert [e.correlation_id for e in conn.table.entries()] == [1, 2, 3, 5, 8, 9, 10, 11]
+        h.client_sends(data)
+        assert len(h.upstream_got()) == len(data) and h.upstream_got() != data
+        assert not h.conn.closed and not h.host.closed and not guard.closed
+        assert [e.correlation_id for e in h.conn.table.entries()] == [1, 2, 3, 5, 8, 9, 10, 11]
 
     asyncio.run(main())

@@ -1,19 +1,26 @@
 """The proxy answering SASL itself (``proxy/filters/sasl_termination.py``,
-``sasl.mode: terminate``):
-``SaslTermination.intercept`` driven with real request frames and a fake connection: ApiVersions
-sent on (the next frame waits for its response), SaslHandshake and SaslAuthenticate answered as
-Kafka's authenticator answers them (PLAIN, SCRAM-SHA-256/512), every way the exchange ends, and
-the same result whatever the split of the byte stream."""
+``sasl.mode: terminate``).
+
+``SaslTermination.intercept`` driven with real request frames and a fake filter host:
+SaslHandshake and SaslAuthenticate answered as Kafka's authenticator answers them (PLAIN,
+SCRAM-SHA-256/512), every way the exchange ends. A real connection with the filter
+(``testkit.connection``), the client's bytes in and what reaches the broker and the client
+out: ApiVersions sent on (the next frame waits for its response), what follows the exchange
+read as requests, a request of another API closing the connection, and the same result
+whatever the split of the byte stream."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import datetime
+from functools import partial
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
 from kafka_quota_proxy.protocol import apis
 from kafka_quota_proxy.protocol.correlation import InFlight
@@ -39,8 +46,16 @@ from kafka_quota_proxy.proxy.filters.sasl_termination import (
 from kafka_quota_proxy.security.credentials import Credentials, add_user
 from kafka_quota_proxy.security.sasl import SaslError
 from kafka_quota_proxy.security.scram import ScramClient, parse_credential
+from testkit.connection import DrivenConnection
 from testkit.filter_host import FakeFilterHost, RecordingLog
-from testkit.frames import kio_decode, kio_request, response_class, sasl_plain, split
+from testkit.frames import (
+    kio_decode,
+    kio_request,
+    response_class,
+    response_frame,
+    sasl_plain,
+    split,
+)
 
 METADATA = 3
 ALL = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -74,6 +89,11 @@ def authenticate(cid: int, auth: bytes, version: int = 2) -> bytes:
 def metadata(cid: int) -> bytes:
     return sized(kio_request(METADATA, 12, cid, topics=None, allow_auto_topic_creation=False,
                          include_topic_authorized_operations=False))
+
+
+def api_versions_answer(cid: int, version: int = 3) -> bytes:
+    """The broker's answer to ApiVersions (its body opaque: the proxy passes it on)."""
+    return response_frame(API_VERSIONS, version, cid, b"\x00\x00\x00")
 
 
 def unsized(answer: bytes) -> bytes:
@@ -150,25 +170,44 @@ def test_host_satisfies_what_the_filter_uses() -> None:
 # ------------------------------------------------------------------ ApiVersions
 
 
+async def terminating(mechanisms: tuple[str, ...] = ALL) -> DrivenConnection:
+    """A connection of a terminating listener (its filter first, the only one here)."""
+    settings = SaslServerSettings(mechanisms, CREDENTIALS, MAX_FRAME)
+    return await DrivenConnection.open([partial(SaslTermination, settings=settings)],
+                                       listener="bootstrap", scope=-1)
+
+
 def test_api_versions_goes_on_and_the_next_frame_waits_for_its_response() -> None:
-    f, host = make()
-    av = api_versions(1)
-    result = f.intercept(av + handshake(2, "PLAIN"))
-    assert result.forward == av  # with its size prefix, for the request path
-    assert result.answers == () and result.failed is None
-    entry = entry_of(result.forward)
-    f.request(entry)
-    assert entry.exempt is True  # not counted in any quota
-    # the handshake waits, whatever else arrives meanwhile
-    assert f.intercept(b"") == Intercepted()
-    assert f.intercept(authenticate(3, sasl_plain("alice", "alice-pw"))[:5]) == Intercepted()
-    assert host.resumed == 0
-    f.response_done(entry)
-    assert host.resumed == 1  # the connection is asked to go on with the held frame
-    (answer,) = f.intercept(b"").answers
-    assert correlation_of(answer) == 2
-    assert handshake_answer(answer) == (0, list(ALL))
-    assert not f.authenticated
+    async def main() -> None:
+        h = await terminating()
+        f = h.filter(SaslTermination)
+        av = api_versions(1)
+        h.client_sends(av + handshake(2, "PLAIN"))
+        assert h.upstream_got() == av  # with its size prefix, as the client sent it
+        assert h.client_got() == b"" and h.closed_reason is None
+        (entry,) = h.conn.table.entries()
+        assert entry.exempt is True  # not counted in any quota
+        assert not h.client.reading  # one request at a time: it waits for the answer
+        # the handshake waits, whatever else arrives meanwhile
+        auth = authenticate(3, sasl_plain("alice", "alice-pw"))
+        h.client_sends(auth[:5])
+        await h.settle()
+        assert h.upstream_got() == av and h.client_got() == b""
+        h.upstream_sends(api_versions_answer(1))
+        await h.settle()  # the connection goes on with the held frames
+        answered = h.client_got()
+        assert answered.startswith(api_versions_answer(1))
+        answer = answered[len(api_versions_answer(1)):]
+        assert correlation_of(answer) == 2
+        assert handshake_answer(answer) == (0, list(ALL))
+        assert not f.authenticated and h.client.reading and not h.conn.table
+        h.client_sends(auth[5:])  # the held start of the frame with the rest of it
+        verdict = authenticate_answer(h.client_got()[len(answered):])
+        assert verdict.error_code == 0 and f.authenticated
+        assert h.conn.client.user == "alice" and h.upstream_got() == av
+        assert h.closed_reason is None
+
+    asyncio.run(main())
 
 
 def test_api_versions_response_without_held_bytes_does_not_resume() -> None:
@@ -449,20 +488,30 @@ def test_authenticate_before_handshake_answers_34(version: int) -> None:
 
 
 @pytest.mark.parametrize("before", ["nothing", "handshake", "api_versions"])
-def test_other_api_before_authentication_fails_without_answer(before: str) -> None:
-    f, host = make()
-    if before == "handshake":
-        assert only_answer(f.intercept(handshake(1, "PLAIN")))
-    elif before == "api_versions":
-        forwarded = f.intercept(api_versions(1)).forward
-        f.response_done(entry_of(forwarded))
-    result = f.intercept(metadata(2) + handshake(3, "PLAIN"))
-    assert result.answers == () and result.forward == b""
-    assert result.failed is not None
-    assert result.failed.reason == "unauthenticated_request"
-    assert result.failed.answer == b""
-    assert "metadata" in str(result.failed).lower()
-    assert not f.authenticated and host.retired == []
+def test_other_api_before_authentication_closes_without_answer(before: str) -> None:
+    async def main() -> None:
+        h = await terminating()
+        f = h.filter(SaslTermination)
+        if before == "handshake":
+            h.client_sends(handshake(1, "PLAIN"))
+            assert handshake_answer(h.client_got())[0] == 0
+        elif before == "api_versions":
+            h.client_sends(api_versions(1))
+            h.upstream_sends(api_versions_answer(1))
+            await h.settle()
+            assert h.client_got() == api_versions_answer(1)
+        forwarded, answered = h.upstream_got(), h.client_got()
+        with capture_logs() as logs:
+            h.client_sends(metadata(2) + handshake(3, "PLAIN"))
+            await h.settle()
+        assert h.client_got() == answered and h.upstream_got() == forwarded  # nothing more
+        assert h.closed_reason == "unauthenticated_request" and h.client.closing
+        [closed] = [e for e in logs if e["event"] == "connection_closed"]
+        assert "metadata" in closed["detail"].lower()
+        assert not f.authenticated and h.conn.client.user == "ANONYMOUS"
+        assert h.conn.chain.serial == (f.serial,)  # not retired
+
+    asyncio.run(main())
 
 
 def test_answers_before_a_refused_request_still_go() -> None:
@@ -509,52 +558,36 @@ def test_partial_frame_waits() -> None:
     assert correlation_of(only_answer(f.intercept(frame[-1:]))) == 7
 
 
-Outcome = tuple[bytes, bytes, bytes, str, str | None]
+Outcome = tuple[bytes, bytes, str, str | None]
 
 
-def feed_all(chunks: list[bytes], respond_late: bool) -> Outcome:
-    """Drive one connection as ``ProxiedConnection`` does: the chunks in order, forwarded
-    frames answered by the broker (``response_done``) at once or before the next chunk (or
-    after the last), the interception resumed when asked. Returns (forwarded, answers, rest,
-    user, failure)."""
-    f, host = make()
-    forwarded = answers = rest = b""
-    pending: list[InFlight] = []
+async def drive(chunks: list[bytes], respond_late: bool) -> Outcome:
+    """The client's reads ``chunks`` through a terminating connection, the broker answering
+    ApiVersions once it has it, at once or only before the client's next read (or after the
+    last). Returns (what reached the broker, what the client got, the user, the reason the
+    connection closed)."""
+    h = await terminating()
+    answered = False
 
-    def respond() -> Intercepted | None:
-        resumed = host.resumed
-        while pending:
-            f.response_done(pending.pop())
-        return f.intercept(b"") if host.resumed > resumed else None
-
-    def take(result: Intercepted | None) -> str | None:
-        nonlocal forwarded, answers
-        while result is not None:
-            answers += b"".join(result.answers)
-            forwarded += result.forward
-            if result.failed is not None:
-                return result.failed.reason
-            if not result.forward:
-                return None
-            pending.append(entry_of(result.forward))
-            result = None if respond_late else respond()
-        return None
+    async def respond() -> None:
+        nonlocal answered
+        if not answered and h.upstream_got().startswith(api_versions(1)):
+            answered = True
+            h.upstream_sends(api_versions_answer(1))
+            await h.settle()
 
     for chunk in chunks:
-        if f.authenticated:
-            rest += chunk
-            continue
-        if respond_late and (failed := take(respond())):
-            return forwarded, answers, rest, host.client.user, failed
-        if failed := take(f.intercept(chunk)):
-            return forwarded, answers, rest, host.client.user, failed
-        if f.authenticated:
-            rest += f.rest
-    if pending and (failed := take(respond())):
-        return forwarded, answers, rest, host.client.user, failed
-    if f.authenticated:
-        rest += f.rest
-    return forwarded, answers, rest, host.client.user, None
+        if respond_late:
+            await respond()
+        h.client_sends(chunk)
+        if not respond_late:
+            await respond()
+    await respond()
+    return h.upstream_got(), h.client_got(), h.conn.client.user, h.closed_reason
+
+
+def drive_all(chunks: list[bytes], respond_late: bool) -> Outcome:
+    return asyncio.run(drive(chunks, respond_late))
 
 
 @st.composite
@@ -572,15 +605,18 @@ def streams(draw: st.DrawFn) -> tuple[bytes, int, bool]:
 def test_any_split_gives_the_same_result(stream: tuple[bytes, int, bool], cuts: list[int],
                                          respond_late: bool) -> None:
     data, version, right = stream
-    whole = feed_all([data], respond_late=False)
-    assert feed_all(split(data, cuts), respond_late) == whole
-    forwarded, answers, rest, user, failed = whole
-    assert forwarded == api_versions(1)
-    if right:
-        assert (user, failed, rest) == ("alice", None, metadata(4))
+    whole = drive_all([data], respond_late=False)
+    assert drive_all(split(data, cuts), respond_late) == whole
+    forwarded, answers, user, failed = whole
+    if right:  # what follows the exchange is read as requests
+        assert (forwarded, user, failed) == (api_versions(1) + metadata(4), "alice", None)
     else:
-        assert (user, failed, rest) == ("ANONYMOUS", "sasl_authentication_failed", b"")
-    shake_len = int.from_bytes(answers[:4], "big") + 4
+        assert (forwarded, user, failed) == (api_versions(1), "ANONYMOUS",
+                                             "sasl_authentication_failed")
+    av_answer = api_versions_answer(1)
+    assert answers.startswith(av_answer)
+    shake_len = len(av_answer) + int.from_bytes(answers[len(av_answer):][:4], "big") + 4
+    assert handshake_answer(answers[len(av_answer):shake_len])[0] == 0
     verdict = authenticate_answer(answers[shake_len:], version)
     assert verdict.error_code == (0 if right else SASL_AUTHENTICATION_FAILED)
 
@@ -589,11 +625,11 @@ def test_any_split_gives_the_same_result(stream: tuple[bytes, int, bool], cuts: 
 def test_byte_at_a_time_gives_the_same_result(password: str) -> None:
     data = (api_versions(1) + handshake(2, "PLAIN")
             + authenticate(3, sasl_plain("alice", password)) + metadata(4))
-    whole = feed_all([data], respond_late=False)
+    whole = drive_all([data], respond_late=False)
     one_by_one = [data[i:i + 1] for i in range(len(data))]
-    assert feed_all(one_by_one, respond_late=False) == whole
-    assert feed_all(one_by_one, respond_late=True) == whole
-    assert whole[3] == ("alice" if password == "alice-pw" else "ANONYMOUS")
+    assert drive_all(one_by_one, respond_late=False) == whole
+    assert drive_all(one_by_one, respond_late=True) == whole
+    assert whole[2] == ("alice" if password == "alice-pw" else "ANONYMOUS")
 
 
 def test_scram_byte_at_a_time() -> None:
