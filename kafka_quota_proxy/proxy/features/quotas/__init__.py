@@ -4,9 +4,8 @@ throttled on every connection (``QuotaFilter``) against the budgets of the proxy
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kafka_quota_proxy.proxy.clock import now_ms
 from kafka_quota_proxy.proxy.feature import Feature, Runtime
@@ -51,7 +50,8 @@ class QuotasFeature(Feature):
         return {"quota_budgets": budgets, "quota_caches": cached}
 
     def entity_rows(self) -> list[EntityRow]:
-        """The most active entities' figures (``quotas.metrics_top_entities`` of them)."""
+        """The most active entities' figures (``quotas.metrics_top_entities`` of them), which
+        ``ProxyStats`` exports as its own families (``stats.quota_entities``)."""
         rows: list[EntityRow] = []
         top = self.runtime.config.quotas.metrics_top_entities
         for view in self.enforcer.top_sensors(top, now_ms()):
@@ -60,6 +60,3 @@ class QuotasFeature(Feature):
             rows.append((broker, s.quota_type.short, s.tags[0], s.tags[1], view.rate, s.bound,
                          s.throttled_requests, s.throttle_ms_total))
         return rows
-
-    def metric_families(self) -> Iterator[Any]:
-        return iter(())  # (the entity rows are ProxyStats' own families)
