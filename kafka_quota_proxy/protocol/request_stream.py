@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from kafka_quota_proxy.protocol import apis
 from kafka_quota_proxy.protocol.correlation import CorrelationTable, InFlight
@@ -39,6 +39,49 @@ _SPOILED = SPOILED
 _FETCH = int(apis.ApiKey.FETCH)
 
 
+class RequestRead(NamedTuple):
+    """A request's header was read: it is in the correlation table (if it expects a
+    response), and its frame goes on to the broker unless the caller stops it."""
+
+    entry: InFlight
+
+
+class FrameCopied(NamedTuple):
+    """A request frame (without size prefix) the interest table asked to see whole, complete.
+    ``at``: where it starts (after its size prefix) in the bytes this ``feed`` returned, -1
+    when it began in an earlier ``feed`` (its first bytes went with those)."""
+
+    entry: InFlight
+    frame: bytes
+    at: int
+
+
+class ProduceMeasured(NamedTuple):
+    """A Produce frame walked as it passed has ended (``entry.partitions`` set, or None when
+    the walk failed)."""
+
+    entry: InFlight
+
+
+class ProduceWatched(NamedTuple):
+    """A Produce frame's watch refused a topic (the frame ended) or stopped parsing. ``at``:
+    as ``FrameCopied``'s."""
+
+    entry: InFlight
+    watch: Any
+    at: int
+
+
+class ClientIdChanged(NamedTuple):
+    """The read stopped before a frame of another client-id (held, not forwarded): the caller
+    judges that client-id's limits, then ``accept_client_id`` and reads on."""
+
+    client_id: str
+
+
+RequestEvent = RequestRead | FrameCopied | ProduceMeasured | ProduceWatched | ClientIdChanged
+
+
 class RequestStream:
     """Client -> broker. ``feed`` returns the bytes to forward now and the requests whose
     headers were read; requests that expect a response are entered in the correlation table.
@@ -47,6 +90,7 @@ class RequestStream:
     __slots__ = (
         "_capture",
         "_capturing",
+        "_events",
         "_gated",
         "_held",
         "_max",
@@ -55,19 +99,14 @@ class RequestStream:
         "_pending",
         "_progress",
         "_remaining",
+        "_reported",
         "_table",
         "_watch",
         "_watch_start",
         "_watching",
         "_whole",
         "_whole_until",
-        "captured",
-        "captured_at",
         "client_id",
-        "measured",
-        "next_client_id",
-        "watched",
-        "watched_at",
     )
 
     def __init__(
@@ -96,49 +135,43 @@ class RequestStream:
         self._pending = bytearray()
         self._progress: HeaderProgress | None = None
         self._held = b""  # whole frames not read yet (``stop_after_frame``)
-        # ``capture(entry)`` True: a copy of that request frame (without size prefix) is
-        # appended to ``captured`` as ``(entry, frame)`` once complete; it is forwarded
-        # cut-through all the same. The caller empties ``captured``.
+        # What one ``feed`` saw, in order (``RequestEvent``): the list it returns.
+        self._events: list[RequestEvent] = []
+        # ``capture(entry)`` True: a copy of that request frame (without size prefix) is an
+        # event once complete (``FrameCopied``); it is forwarded cut-through all the same.
         self._capture = capture
         self._capturing: tuple[InFlight, list[bytes]] | None = None
-        self.captured: list[tuple[InFlight, bytes]] = []
-        # where each frame captured whole within one ``feed`` starts (after its size prefix)
-        # in the bytes that ``feed`` returned, by ``id(entry)`` (emptied with ``captured``)
-        self.captured_at: dict[int, int] = {}
         # ``measure_produce``: Produce v3+ frames are walked as they pass (nothing copied) and
-        # their entry's ``partitions`` set when they end; those entries are appended to
-        # ``measured`` (the caller empties it).
+        # their entry's ``partitions`` set when they end (``ProduceMeasured``).
         self._measure = measure_produce
         # (entry, the walk so far: None once it failed, partitions so far)
         self._measuring: tuple[InFlight, Walker | None, PartitionBytes] | None = None
-        self.measured: list[InFlight] = []
         # ``watch_produce(api_version)``: a watch (``protocol.topic_guard.ProduceTopics``) that
         # follows each Produce frame as it passes; the bytes it asks to spoil are changed
-        # before they are forwarded. ``(entry, watch)`` is appended to ``watched`` when the
-        # frame ended naming a topic the watch refused, or as soon as it stops parsing (the
-        # caller empties it, and must not let the rest of a frame whose watch failed go
-        # upstream). ``watched_at``: where each frame appended to ``watched`` by the last
-        # ``feed`` starts (after its size prefix) in the bytes that ``feed`` returned, by
-        # ``id(entry)``, when it started there (absent: its first bytes were returned by an
-        # earlier ``feed``); ``_watch_start``: the same for the frame being watched (-1).
+        # before they are forwarded. ``ProduceWatched`` when the frame ended naming a topic
+        # the watch refused, or as soon as it stops parsing (the caller must not let the rest
+        # of a frame whose watch failed go upstream); ``_watch_start``: where the frame being
+        # watched starts in the bytes this ``feed`` returns (-1: an earlier ``feed``'s).
         self._watch = watch_produce
         self._watching: tuple[InFlight, Any] | None = None
+        self._reported: list[Any] = []  # the watches reported by this ``feed``
         self._watch_start = -1
-        self.watched: list[tuple[InFlight, Any]] = []
-        self.watched_at: dict[int, int] = {}
         # Every request is gated by its own header: frames are read only while their
         # client-id (null read as "") is ``client_id``; a read stops before a frame of another
-        # (held, not forwarded) and names it in ``next_client_id``, for the caller to judge
-        # that client-id's limits and set ``client_id`` before reading it. None until the
+        # (held, not forwarded) and says so (``ClientIdChanged``), for the caller to judge
+        # that client-id's limits and ``accept_client_id`` before reading it. None until the
         # caller has seen a first frame: a connection's very first frame stops a read too.
         # Off unless ``gate_client_ids`` (the stream alone reads every frame).
         self._gated = False
         self.client_id: str | None = None
-        self.next_client_id: str | None = None
 
     def gate_client_ids(self) -> None:
-        """Read each frame only under its own client-id (``client_id``, ``next_client_id``)."""
+        """Read each frame only under its own client-id (``client_id``, ``ClientIdChanged``)."""
         self._gated = True
+
+    def accept_client_id(self, client_id: str) -> None:
+        """Frames of ``client_id`` are read from now on (after ``ClientIdChanged``)."""
+        self.client_id = client_id
 
     @property
     def table(self) -> CorrelationTable:
@@ -184,7 +217,7 @@ class RequestStream:
         self._whole_until = 0
 
     def watch(self, watch_produce: Callable[[int], Any]) -> None:
-        """Follow Produce frames with ``watch_produce`` (see ``watched``) from now on."""
+        """Follow Produce frames with ``watch_produce`` (``ProduceWatched``) from now on."""
         self._watch = watch_produce
 
     @property
@@ -198,15 +231,16 @@ class RequestStream:
         return bool(self._held)
 
     def feed(self, data: bytes, stop_after_frame: bool = False,
-             max_frames: int = 0) -> tuple[Buffer | bytearray, list[InFlight]]:
-        """Take client bytes; return the bytes to forward and the requests seen (see
-        ``_feed``), with the bytes a Produce watch spoils changed."""
+             max_frames: int = 0) -> tuple[Buffer | bytearray, list[RequestEvent]]:
+        """Take client bytes; return the bytes to forward and what was seen, in order (see
+        ``_feed`` and ``RequestEvent``), with the bytes a Produce watch spoils changed."""
         forward: Buffer | bytearray
         forward, events = self._feed(data, stop_after_frame, max_frames)
         watching = self._watching
-        if watching is not None or self.watched:
+        watched = self._reported
+        if watching is not None or watched:
             spoil = [] if watching is None else watching[1].spoil
-            for _, watch in self.watched:
+            for watch in watched:
                 spoil += watch.spoil
                 watch.spoil = []
             if spoil:
@@ -218,7 +252,7 @@ class RequestStream:
         return forward, events
 
     def _feed(self, data: bytes, stop_after_frame: bool = False,
-              max_frames: int = 0) -> tuple[Buffer, list[InFlight]]:
+              max_frames: int = 0) -> tuple[Buffer, list[RequestEvent]]:
         """Take client bytes; return the bytes to forward and the requests seen.
 
         With ``stop_after_frame`` the stream stops at the end of the first frame that completes
@@ -229,10 +263,11 @@ class RequestStream:
         """
         if stop_after_frame:
             max_frames = 1
-        events: list[InFlight] = []
+        events: list[RequestEvent] = []
+        self._events = events
         self._watch_start = -1  # (a frame watched since an earlier feed began there)
-        if self.watched_at:
-            self.watched_at = {}
+        if self._reported:
+            self._reported = []
         progress, self._progress = self._progress, None
         if self._held:
             data = self._held + data
@@ -307,7 +342,7 @@ class RequestStream:
             header, expects_response, follower = read
             if self._gated and (header.client_id or "") != self.client_id:
                 # another client-id's frame: its own limits first
-                self.next_client_id = header.client_id or ""
+                events.append(ClientIdChanged(header.client_id or ""))
                 if end > n:  # still arriving: it stays the frame under way (``mid_frame``)
                     self._pending = bytearray(memoryview(data)[pos:])
                 else:
@@ -338,13 +373,12 @@ class RequestStream:
             entry.follower = follower
             if expects_response:
                 table.add(entry)
-            events.append(entry)
+            events.append(RequestRead(entry))
             if self._capture is not None and self._capture(entry):
                 if end > n:
                     self._capturing = (entry, [data[pos + 4 : n]])
                 else:
-                    self.captured.append((entry, data[pos + 4 : end]))
-                    self.captured_at[id(entry)] = pos + 4
+                    events.append(FrameCopied(entry, data[pos + 4 : end], pos + 4))
             if self._measure and api_key == _PRODUCE and header.api_version >= 3:
                 parts: PartitionBytes = []
                 self._measuring = (
@@ -427,7 +461,7 @@ class RequestStream:
             return
         self._measuring = None
         entry.partitions = parts if walker is not None and walker.done else None
-        self.measured.append(entry)
+        self._events.append(ProduceMeasured(entry))
 
     def _watch_more(self, data: bytes, upto: int, start: int = 0,
                     more: bool | None = None) -> None:
@@ -445,9 +479,8 @@ class RequestStream:
             self._watched(entry, watch)
 
     def _watched(self, entry: InFlight, watch: Any) -> None:
-        self.watched.append((entry, watch))
-        if self._watch_start >= 0:
-            self.watched_at[id(entry)] = self._watch_start
+        self._events.append(ProduceWatched(entry, watch, self._watch_start))
+        self._reported.append(watch)
 
     def _capture_more(self, data: bytes, upto: int) -> None:
         """The next ``upto`` bytes of ``data`` continue the frame being captured."""
@@ -456,4 +489,4 @@ class RequestStream:
         parts.append(data[:upto])
         if not self._remaining:
             self._capturing = None
-            self.captured.append((entry, b"".join(parts)))
+            self._events.append(FrameCopied(entry, b"".join(parts), -1))

@@ -19,13 +19,21 @@ import itertools
 import ssl
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from kafka_quota_proxy.protocol.apis import ApiKey
 from kafka_quota_proxy.protocol.correlation import CorrelationTable, InFlight
 from kafka_quota_proxy.protocol.errors import ProtocolError
 from kafka_quota_proxy.protocol.framing import Buffer
-from kafka_quota_proxy.protocol.request_stream import RequestStream
+from kafka_quota_proxy.protocol.request_stream import (
+    ClientIdChanged,
+    FrameCopied,
+    ProduceMeasured,
+    ProduceWatched,
+    RequestEvent,
+    RequestRead,
+    RequestStream,
+)
 from kafka_quota_proxy.protocol.response_stream import Forward, ResponseStarted, ResponseStream
 from kafka_quota_proxy.protocol.rewrite import throttle_field
 from kafka_quota_proxy.proxy.clock import now_ms
@@ -325,7 +333,7 @@ class ProxiedConnection(asyncio.Protocol):
                 self.close(reason, detail=str(exc), side="client")
                 return
             if self.requests.mid_frame:
-                if events or not was_mid:
+                if not was_mid or any(type(e) is RequestRead for e in events):
                     self.frame_started = now
             else:
                 self.frame_started = None
@@ -333,14 +341,14 @@ class ProxiedConnection(asyncio.Protocol):
             self._handle_requests(forward, events)
             if self._refusing is not None:  # the rest is discarded (``refuse``)
                 return
-            switched = self.requests.next_client_id
-            if switched is not None:
+            last = events[-1] if events else None
+            if type(last) is ClientIdChanged:
                 # The read stopped before a frame of another client-id (a connection's first
                 # frame, or a client-id changed): that frame is gated by its own limits, the
                 # next turn of the loop judges them (``serial``, ``hold``), and with requests
                 # in flight it waits for their headroom as any frame of its client-id would.
-                self.requests.next_client_id = None
-                self.client.client_id = self.requests.client_id = switched
+                self.client.client_id = last.client_id
+                self.requests.accept_client_id(last.client_id)
                 if self.table and not self._may_read_next():
                     self.client_gate.pause("serial")
                     return
@@ -423,42 +431,41 @@ class ProxiedConnection(asyncio.Protocol):
         if (requests.held or requests.reading_header) and self._may_read_next():
             self._read_client(b"")  # (a frame begun waits in reading_header)
 
-    def _handle_requests(self, forward: Buffer | bytearray, events: list[InFlight]) -> None:
+    def _handle_requests(self, forward: Buffer | bytearray,
+                         events: list[RequestEvent]) -> None:
+        """What one read brought, in order: frames seen whole go through the filters' frame
+        hooks (patched, answered, refused: ``read_events``), then the measured Produce frames
+        and the requests read through their hooks, and what is left goes upstream."""
         chain = self.chain
-        requests = self.requests
-        if requests.captured or requests.watched:
-            # (Produce frames followed as they passed: naming a guarded topic, or not parsed)
-            captured, requests.captured = requests.captured, []
-            watched, requests.watched = requests.watched, []
-            patched = patch_captured(requests, forward, events, captured,
-                                     self._request_frame, self._refused, watched,
-                                     self._watcher.produce_watched
-                                     if watched and self._watcher is not None else None)
-            if patched is None:  # a request refused where it cannot be cut out
+        watcher = self._watcher
+        outcome = read_events(forward, events, self._request_frame,
+                              watcher.produce_watched if watcher is not None else None,
+                              self._refused, self.table)
+        if self.closed:  # a frame hook closed the connection
+            return
+        if self._refusing is not None:
+            if outcome.forward is None:  # a request refused where it cannot be cut out
                 refusing = self._refusing
-                assert refusing is not None
                 self.close(refusing[1], side="client",
                            detail=f"{refusing[2]} (closed at once: part of the frame went "
                                   "upstream with an earlier read)")
                 return
-            forward = patched
-            if self._refusing is not None:
-                before = self._cut_at_refused(events)
-                if before is None:
-                    return
-                events = before
-        if self.requests.measured:
-            measured, self.requests.measured = self.requests.measured, []
+            if not self._drop_refused(outcome.dropped):
+                return
+        assert outcome.forward is not None
+        forward = outcome.forward
+        measured, read = outcome.measured, outcome.read
+        if measured:
             for entry in measured:
                 for hook in chain.request_measured:
                     hook(entry)
-        if events:
+        if read:
             stats = self.ctx.stats
             now = _now()
-            self.client.client_id = events[-1].client_id or ""
+            self.client.client_id = read[-1].client_id or ""
             request_hooks = chain.request
-            self._read_now += events
-            for entry in events:
+            self._read_now += read
+            for entry in read:
                 entry.forwarded_at = now
                 key = entry.api_key
                 stats.requests[key] += 1
@@ -522,29 +529,28 @@ class ProxiedConnection(asyncio.Protocol):
         refusing = self._refusing
         return refusing is not None and refusing[0] is entry
 
-    def _cut_at_refused(self, events: list[InFlight]) -> list[InFlight] | None:
-        """The requests read before the refused one (which, with those read after it, never
-        goes upstream nor stays in flight); None once the connection is closed: nothing was
-        left to answer, or the refused request came in an earlier read."""
+    def _drop_refused(self, dropped: list[InFlight]) -> bool:
+        """The refused request and those read after it leave the table (they never go
+        upstream); False once the connection is closed: nothing was left to answer, or the
+        refused request came in an earlier read (its hooks ran)."""
         refusing = self._refusing
         assert refusing is not None
         entry, reason, detail = refusing
-        at = next((i for i, e in enumerate(events) if e is entry), None)
-        if at is None:  # its header went with an earlier read: its hooks ran, close now
+        if not dropped or dropped[0] is not entry:
             self.close(reason, detail=detail, side="client")
-            return None
+            return False
         table = self.table
-        for dropped in events[at:]:
-            if dropped.correlation_id in table and dropped.expects_response:
-                table.pop(dropped.correlation_id)
+        for gone in dropped:
+            if gone.correlation_id in table and gone.expects_response:
+                table.pop(gone.correlation_id)
         if not table:
             self.close(reason, detail=detail, side="client")
-            return None
+            return False
         log.info("request_refused", connection=self.id, client=self.peer, reason=reason,
                  detail=detail, answering=len(table))
         asyncio.get_running_loop().call_later(
             REFUSAL_WAIT_S, functools.partial(self.close, reason, detail=detail, side="client"))
-        return events[:at]
+        return True
 
     def eof_received(self) -> bool | None:
         self._client_gone(None)
@@ -731,73 +737,77 @@ class ProxiedConnection(asyncio.Protocol):
         self.ctx.host.connection_closed(self, reason)
 
 
-def patch_captured(requests: RequestStream, forward: Buffer | bytearray, events: list[InFlight],
-                   captured: list[tuple[InFlight, bytes]],
-                   visit: Callable[[InFlight, bytes, bool], bytes | None],
-                   refused: Callable[[InFlight], bool] = lambda entry: False,
-                   watched: list[tuple[InFlight, Any]] | None = None,
-                   produce: Callable[[InFlight, Any], None] | None = None,
-                   ) -> Buffer | bytearray | None:
-    """The requests captured whole on their way upstream, each given to ``visit(entry, frame,
-    patchable)``; a frame ``visit`` replaces is patched in ``forward`` when its whole frame is
-    there (``patchable``: else it goes as the client sent it). A replacement of another size
-    (a request forwarded without some of its topics) gets its own size prefix. A frame
-    ``visit`` refused (``refused(entry)``) is cut out with everything after it (None when its
-    whole frame is not there to cut at: part of it may have gone upstream already). A frame
-    ``visit`` answered (``entry.answer`` set) is taken out, its entry marked ``local``: its
-    answer goes to the client in order among the broker's responses (``ResponseStream``).
+class ReadOutcome(NamedTuple):
+    """What ``read_events`` made of one read."""
 
-    ``watched``: the Produce frames a watch followed as they passed (``RequestStream``'s
-    ``watched``), each given to ``produce(entry, watch)`` in its place among the captured
-    frames (in the order their requests were read); one ``produce`` refused is cut out with
-    everything after it the same way, from where it starts (``RequestStream.watched_at``;
-    None when it started in an earlier read: its first bytes are upstream already)."""
-    table = requests.table
-    starts: dict[int, int] = {}
-    if not (requests.mid_frame and not requests.buffered):
-        # ``forward`` ends with the last frame read: the frames read now end to end
-        end = len(forward)
-        for event in reversed(events):
-            end -= event.request_size
-            starts[id(event)] = end + 4
+    forward: Buffer | bytearray | None  # what goes upstream (None: a refused frame's first
+    # bytes went with an earlier read: nothing can be cut out)
+    read: list[InFlight]  # the requests read, before a refused one
+    measured: list[InFlight]  # the Produce frames measured, before a refused one
+    dropped: list[InFlight]  # a refused request and the requests read after it
+
+
+def read_events(forward: Buffer | bytearray, events: list[RequestEvent],
+                visit: Callable[[InFlight, bytes, bool], bytes | None],
+                produce: Callable[[InFlight, Any], None] | None,
+                refused: Callable[[InFlight], bool],
+                table: CorrelationTable) -> ReadOutcome:
+    """One read's events (``RequestStream.feed``), in order. A frame seen whole
+    (``FrameCopied``) is given to ``visit(entry, frame, patchable)``: a replacement is patched
+    in ``forward`` when the whole frame is there (``patchable``; else it goes as the client
+    sent it), with its own size prefix when its size differs (a request forwarded without some
+    of its topics); a frame answered (``entry.answer`` set) is taken out, its entry marked
+    ``local``, its answer going to the client in order among the broker's responses
+    (``ResponseStream``). A watched Produce frame (``ProduceWatched``) is given to
+    ``produce(entry, watch)``. A request either refused (``refused(entry)``) is cut out of
+    ``forward`` with everything after it, from where its frame starts; the events after it
+    are not visited."""
+    read: list[InFlight] = []
+    measured: list[InFlight] = []
     patches: list[tuple[int, int, bytes]] = []
-    offsets, requests.captured_at = requests.captured_at, {}
-    visits: list[tuple[InFlight, Any, bool]] = [(entry, frame, False) for entry, frame in captured]
-    produce_at: dict[int, int] = {}
-    if watched:
-        assert produce is not None
-        produce_at, requests.watched_at = requests.watched_at, {}
-        order = {id(entry): i for i, entry in enumerate(events)}  # (-1: begun in an earlier read)
-        visits += [(entry, watch, True) for entry, watch in watched]
-        visits.sort(key=lambda v: order.get(id(v[0]), -1))  # (stable)
-    for entry, frame, is_watch in visits:
-        if is_watch:
-            assert produce is not None
-            produce(entry, frame)
-            if refused(entry):
-                at = produce_at.get(id(entry), -1)
-                if at < 4:
-                    return None
-                forward = forward[: at - 4]
-                break
+    dropped: list[InFlight] = []
+    for i, event in enumerate(events):
+        kind = type(event)
+        if kind is RequestRead:
+            read.append(event.entry)  # type: ignore[union-attr]
             continue
-        at = offsets.get(id(entry), starts.get(id(entry), -1))
-        whole = at >= 4 and forward[at : at + len(frame)] == frame
-        patched = visit(entry, frame, whole)
-        if refused(entry):
-            if not whole:
-                return None
-            forward = forward[: at - 4]  # (the frames after it are not visited)
-            break
-        if entry.answer is not None and whole and not entry.local:
-            # answered by the proxy: the frame goes nowhere, its answer comes in its place
-            entry.local = True
-            table.local += 1
-            patches.append((at, len(frame), b""))
-        elif patched is not None:
-            patches.append((at, len(frame), patched))
+        if kind is ProduceMeasured:
+            measured.append(event.entry)  # type: ignore[union-attr]
+            continue
+        if kind is ClientIdChanged:
+            continue
+        if kind is ProduceWatched:
+            watched = cast(ProduceWatched, event)
+            entry, at = watched.entry, watched.at
+            assert produce is not None
+            produce(entry, watched.watch)
+            if not refused(entry):
+                continue
+            whole = at >= 4
+        else:
+            copied = cast(FrameCopied, event)
+            entry, frame, at = copied.entry, copied.frame, copied.at
+            whole = at >= 4 and forward[at : at + len(frame)] == frame
+            patched = visit(entry, frame, whole)
+            if not refused(entry):
+                if entry.answer is not None and whole and not entry.local:
+                    # answered by the proxy: the frame goes nowhere, its answer comes in its
+                    # place
+                    entry.local = True
+                    table.local += 1
+                    patches.append((at, len(frame), b""))
+                elif patched is not None:
+                    patches.append((at, len(frame), patched))
+                continue
+        if not whole:
+            return ReadOutcome(None, read, measured, [entry])
+        forward = forward[: at - 4]
+        cut = next((n for n, e in enumerate(read) if e is entry), len(read))
+        dropped = read[cut:] + [e.entry for e in events[i + 1:] if isinstance(e, RequestRead)]
+        del read[cut:]
+        break
     if not patches:
-        return forward
+        return ReadOutcome(forward, read, measured, dropped)
     out = bytearray(forward)
     for at, length, patched in sorted(patches, reverse=True):  # the last first: offsets hold
         if len(patched) == length:
@@ -806,7 +816,7 @@ def patch_captured(requests: RequestStream, forward: Buffer | bytearray, events:
             del out[at - 4 : at + length]
         else:
             out[at - 4 : at + length] = len(patched).to_bytes(4, "big") + patched
-    return out
+    return ReadOutcome(out, read, measured, dropped)
 
 
 class UpstreamSide(asyncio.Protocol):

@@ -16,10 +16,11 @@ from kafka_quota_proxy.protocol.interests import Interest, InterestTable
 from kafka_quota_proxy.protocol.request_stream import WHOLE_FRAME_MAX, RequestStream
 from kafka_quota_proxy.protocol.rewrite import ResponseRewriter
 from testkit.frames import request_frame, split
+from testkit.request_reader import reading_stream
 
 
 def _stream() -> RequestStream:
-    return RequestStream(CorrelationTable(), capture=lambda e: e.api_key == 48,
+    return reading_stream(CorrelationTable(), capture=lambda e: e.api_key == 48,
                          whole=lambda key, version: key == 48)
 
 
@@ -107,7 +108,7 @@ def test_a_frame_of_an_api_the_broker_answers_over_the_bound_goes_through_cut_th
     """(CreateTopics, read whole for the controller mutation quota): too large to read whole,
     it is forwarded as it comes, and captured unpatchable, instead of closing the
     connection."""
-    stream = RequestStream(CorrelationTable(), capture=lambda e: e.api_key in (48, 19),
+    stream = reading_stream(CorrelationTable(), capture=lambda e: e.api_key in (48, 19),
                            whole=lambda key, version: key in (48, 19))
     big = request_frame(19, 7, 8, "admin", b"\x00" * (WHOLE_FRAME_MAX + 10))
     out, events = stream.feed(big[:1000])

@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kafka_quota_proxy.protocol.correlation import CorrelationTable
-from kafka_quota_proxy.protocol.request_stream import RequestStream
 from testkit.frames import request_frame, split
+from testkit.request_reader import reading_stream
 
 
 def _frames(client_ids: list[str | None]) -> bytes:
@@ -17,7 +17,7 @@ def _frames(client_ids: list[str | None]) -> bytes:
 
 
 def test_the_first_frame_and_a_new_client_id_stop_a_read() -> None:
-    stream = RequestStream(CorrelationTable())
+    stream = reading_stream(CorrelationTable())
     stream.gate_client_ids()
     data = _frames(["a", "a", "b", None])
     forward, events = stream.feed(data)
@@ -35,7 +35,7 @@ def test_the_first_frame_and_a_new_client_id_stop_a_read() -> None:
 
 
 def test_without_the_gate_every_frame_is_read() -> None:
-    stream = RequestStream(CorrelationTable())
+    stream = reading_stream(CorrelationTable())
     _, events = stream.feed(_frames(["a", "b"]))
     assert len(events) == 2 and stream.next_client_id is None
 
@@ -44,7 +44,7 @@ def test_without_the_gate_every_frame_is_read() -> None:
        st.lists(st.integers(0, 400), max_size=8))
 def test_gated_reads_lose_and_reorder_nothing(client_ids: list[str | None],
                                               cuts: list[int]) -> None:
-    stream = RequestStream(CorrelationTable())
+    stream = reading_stream(CorrelationTable())
     stream.gate_client_ids()
     data = _frames(client_ids)
     out = bytearray()

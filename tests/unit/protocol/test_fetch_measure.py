@@ -23,9 +23,9 @@ from kafka_quota_proxy.protocol.incremental import (
     produce_request_walk,
 )
 from kafka_quota_proxy.protocol.interests import ADDRESSES, Interest, InterestTable, addresses
-from kafka_quota_proxy.protocol.request_stream import RequestStream
 from kafka_quota_proxy.protocol.response_stream import ResponseStarted, ResponseStream
 from testkit.frames import chunked, kio_encode, kio_values, ms, response_class, response_frame
+from testkit.request_reader import reading_stream
 
 FETCH = 1
 LOW, HIGH = apis.kio_version_range(FETCH)
@@ -185,7 +185,7 @@ def test_produce_requests_are_measured_as_they_pass(version: int, data: Any,
     walker.feed(frame, 4, len(frame))
     assert walker.done and parts == expected_produce(value, version)
 
-    stream = RequestStream(CorrelationTable(), measure_produce=True)
+    stream = reading_stream(CorrelationTable(), measure_produce=True)
     out = b""
     for chunk in chunked(frame + second, data.draw):  # two requests back to back
         forwarded, _ = stream.feed(chunk)
@@ -201,7 +201,7 @@ def test_a_produce_request_that_does_not_parse_passes_unmeasured() -> None:
     payload = (encode_request_header(PRODUCE, 3, 5, "c") + (-1).to_bytes(2, "big", signed=True)
                + (1).to_bytes(2, "big") + (1000).to_bytes(4, "big") + (5).to_bytes(4, "big"))
     frame = len(payload).to_bytes(4, "big") + payload
-    stream = RequestStream(CorrelationTable(), measure_produce=True)
+    stream = reading_stream(CorrelationTable(), measure_produce=True)
     forwarded, events = stream.feed(frame)
     assert bytes(forwarded) == frame
     assert stream.measured == events and events[0].partitions is None

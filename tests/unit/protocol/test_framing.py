@@ -24,7 +24,6 @@ from kafka_quota_proxy.protocol.errors import (
 )
 from kafka_quota_proxy.protocol.framing import DEFAULT_MAX_FRAME_BYTES
 from kafka_quota_proxy.protocol.headers import encode_request_header
-from kafka_quota_proxy.protocol.request_stream import RequestStream
 from kafka_quota_proxy.protocol.response_stream import Forward, ResponseStarted, ResponseStream
 from kafka_quota_proxy.protocol.rewrite import ResponseRewriter
 from testkit.frames import (
@@ -37,6 +36,7 @@ from testkit.frames import (
     tagged_fields_strategy,
     texts,
 )
+from testkit.request_reader import reading_stream
 
 PRODUCE = 0
 METADATA = 3
@@ -127,7 +127,7 @@ def test_request_stream_forwards_input_exactly_under_any_chunking(data: Any, req
     payload = b"".join(r.data for r in reqs)
     chunks = chunked(payload, data.draw)
     table = CorrelationTable()
-    stream = RequestStream(table)
+    stream = reading_stream(table)
     forwarded = bytearray()
     events: list[InFlight] = []
     fed = 0
@@ -163,7 +163,7 @@ def test_captured_frames_are_whole_and_forwarding_is_unchanged(data: Any, reqs: 
                                                                stop: bool):
     payload = b"".join(r.data for r in reqs)
     wanted = data.draw(st.sets(st.sampled_from([r.api_key for r in reqs]))) if reqs else set()
-    stream = RequestStream(CorrelationTable(), capture=lambda e: e.api_key in wanted)
+    stream = reading_stream(CorrelationTable(), capture=lambda e: e.api_key in wanted)
     forwarded = bytearray()
     for chunk in chunked(payload, data.draw):
         out, _ = stream.feed(chunk, stop_after_frame=stop)
@@ -189,7 +189,7 @@ def test_produce_acks_decides_correlation_entry(version: int, txn: str | None, a
     body = produce_body_prefix(version, acks, txn) + b"\x00\x00\x00\x00"
     data = request_frame(PRODUCE, version, 42, "producer", body)
     table = CorrelationTable()
-    out, events = RequestStream(table).feed(data)
+    out, events = reading_stream(table).feed(data)
     assert bytes(out) == data
     assert len(events) == 1
     assert events[0].expects_response is (acks != 0)
@@ -202,13 +202,13 @@ def test_produce_acks0_v0_acks_is_first_field():
     body = struct.pack(">hi", 0, 1000) + struct.pack(">i", 0)
     for version in (0, 1, 2):
         table = CorrelationTable()
-        _out, events = RequestStream(table).feed(request_frame(PRODUCE, version, 1, "p", body))
+        _out, events = reading_stream(table).feed(request_frame(PRODUCE, version, 1, "p", body))
         assert events[0].expects_response is False
         assert len(table) == 0
     # ...whereas at v3 the same leading 0x0000 is an empty transactional_id, acks follows.
     body3 = struct.pack(">hhi", 0, 1, 1000)
     table = CorrelationTable()
-    _out, events = RequestStream(table).feed(request_frame(PRODUCE, 3, 1, "p", body3))
+    _out, events = reading_stream(table).feed(request_frame(PRODUCE, 3, 1, "p", body3))
     assert events[0].expects_response is True
     assert 1 in table
 
@@ -217,7 +217,7 @@ def test_produce_acks_byte_by_byte_waits_for_acks():
     body = produce_body_prefix(9, 0, "txn-id") + b"records"
     data = request_frame(PRODUCE, 9, 7, "p", body)
     table = CorrelationTable()
-    stream = RequestStream(table)
+    stream = reading_stream(table)
     events: list[InFlight] = []
     for i in range(len(data)):
         _out, evs = stream.feed(data[i : i + 1])
@@ -231,18 +231,18 @@ def test_produce_acks_byte_by_byte_waits_for_acks():
 
 def test_negative_request_size():
     with pytest.raises(NegativeFrameSize):
-        RequestStream(CorrelationTable()).feed(struct.pack(">i", -1))
+        reading_stream(CorrelationTable()).feed(struct.pack(">i", -1))
 
 
 def test_negative_size_after_a_valid_frame_in_the_same_chunk():
     good = request_frame(METADATA, 1, 1, "c", b"\x00\x00\x00\x00")
     with pytest.raises(NegativeFrameSize):
-        RequestStream(CorrelationTable()).feed(good + struct.pack(">i", -5))
+        reading_stream(CorrelationTable()).feed(good + struct.pack(">i", -5))
 
 
 @pytest.mark.parametrize("max_bytes", [64, DEFAULT_MAX_FRAME_BYTES])
 def test_request_frame_too_large_raised_on_size_bytes_alone(max_bytes: int):
-    stream = RequestStream(CorrelationTable(), max_frame_bytes=max_bytes)
+    stream = reading_stream(CorrelationTable(), max_frame_bytes=max_bytes)
     stream.feed(struct.pack(">i", max_bytes + 1)[:3])  # 3 bytes: cannot know yet
     with pytest.raises(FrameTooLarge):
         stream.feed(struct.pack(">i", max_bytes + 1)[3:])  # 4th byte: no body needed
@@ -251,7 +251,7 @@ def test_request_frame_too_large_raised_on_size_bytes_alone(max_bytes: int):
 def test_request_frame_at_max_size_is_accepted_and_cut_through():
     header = encode_request_header(METADATA, 1, 5, "c")
     size = 64
-    stream = RequestStream(CorrelationTable(), max_frame_bytes=size)
+    stream = reading_stream(CorrelationTable(), max_frame_bytes=size)
     data = struct.pack(">i", size) + header
     out, events = stream.feed(data)  # header complete, body not: forwarded at once
     assert bytes(out) == data and len(events) == 1
@@ -265,13 +265,13 @@ def test_request_frame_at_max_size_is_accepted_and_cut_through():
 def test_unknown_api_key(api_key: int):
     data = frame(struct.pack(">hhih", api_key, 0, 1, -1) + b"body")
     with pytest.raises(UnknownApiKey):
-        RequestStream(CorrelationTable()).feed(data)
+        reading_stream(CorrelationTable()).feed(data)
 
 
 def test_unknown_api_key_raised_before_body_arrives():
     data = frame(struct.pack(">hhih", 9999, 0, 1, -1) + b"x" * 1000)
     with pytest.raises(UnknownApiKey):
-        RequestStream(CorrelationTable()).feed(data[:20])
+        reading_stream(CorrelationTable()).feed(data[:20])
 
 
 @pytest.mark.parametrize(
@@ -288,38 +288,38 @@ def test_unknown_api_key_raised_before_body_arrives():
 def test_unsupported_request_version(api_key: int, version: int):
     data = frame(struct.pack(">hhih", api_key, version, 1, -1) + b"\x00" * 16)
     with pytest.raises(UnsupportedVersion):
-        RequestStream(CorrelationTable()).feed(data)
+        reading_stream(CorrelationTable()).feed(data)
 
 
 @pytest.mark.parametrize("size", [0, 1, 3, 9])
 def test_complete_frame_with_truncated_header_is_malformed(size: int):
     data = struct.pack(">i", size) + struct.pack(">hhih", METADATA, 1, 1, -1)[:size]
     with pytest.raises(MalformedFrame):
-        RequestStream(CorrelationTable()).feed(data)
+        reading_stream(CorrelationTable()).feed(data)
 
 
 def test_truncated_header_followed_by_next_frame_is_malformed():
     # size 3 but more bytes (a following frame) already arrived: still malformed.
     data = struct.pack(">i", 3) + b"\x00\x03\x00" + request_frame(METADATA, 1, 1, "c")
     with pytest.raises(MalformedFrame):
-        RequestStream(CorrelationTable()).feed(data)
+        reading_stream(CorrelationTable()).feed(data)
 
 
 def test_client_id_longer_than_frame_is_malformed():
     data = frame(struct.pack(">hhih", METADATA, 1, 1, 50) + b"short")
     with pytest.raises(MalformedFrame):
-        RequestStream(CorrelationTable()).feed(data)
+        reading_stream(CorrelationTable()).feed(data)
 
 
 def test_produce_frame_ending_before_acks_is_malformed():
     data = frame(encode_request_header(PRODUCE, 3, 1, "c") + b"\xff\xff\x00")
     with pytest.raises(MalformedFrame):
-        RequestStream(CorrelationTable()).feed(data)
+        reading_stream(CorrelationTable()).feed(data)
 
 
 def test_incomplete_header_is_held_not_forwarded():
     data = request_frame(METADATA, 1, 9, "a-client-id", b"\x00\x00\x00\x00")
-    stream = RequestStream(CorrelationTable())
+    stream = reading_stream(CorrelationTable())
     out, events = stream.feed(data[:12])
     assert bytes(out) == b"" and events == []
     assert stream.buffered == 12
@@ -329,7 +329,7 @@ def test_incomplete_header_is_held_not_forwarded():
 
 def test_duplicate_in_flight_correlation_id():
     table = CorrelationTable()
-    stream = RequestStream(table)
+    stream = reading_stream(table)
     stream.feed(request_frame(METADATA, 1, 77, "c"))
     with pytest.raises(CorrelationError):
         stream.feed(request_frame(OFFSET_FETCH, 1, 77, "c"))
@@ -337,7 +337,7 @@ def test_duplicate_in_flight_correlation_id():
 
 def test_correlation_id_reusable_after_response():
     table = CorrelationTable()
-    requests = RequestStream(table)
+    requests = reading_stream(table)
     responses = ResponseStream(table, none_rewriter)
     requests.feed(request_frame(OFFSET_FETCH, 1, 77, "c"))
     _out, done = responses.feed(response_frame(OFFSET_FETCH, 1, 77, b"body"))
@@ -348,7 +348,7 @@ def test_correlation_id_reusable_after_response():
 
 def test_produce_acks0_does_not_occupy_correlation_id():
     table = CorrelationTable()
-    stream = RequestStream(table)
+    stream = reading_stream(table)
     body = produce_body_prefix(9, 0, None)
     stream.feed(request_frame(PRODUCE, 9, 5, "p", body))
     stream.feed(request_frame(PRODUCE, 9, 5, "p", body))  # no duplicate error
@@ -640,7 +640,7 @@ def request_fuzz(draw: Any) -> bytes:
 @FUZZ
 @given(data=st.data(), payload=request_fuzz(), max_bytes=st.sampled_from([48, 4096]))
 def test_request_stream_fuzz_raises_only_protocol_errors(data: Any, payload: bytes, max_bytes: int):
-    stream = RequestStream(CorrelationTable(), max_frame_bytes=max_bytes)
+    stream = reading_stream(CorrelationTable(), max_frame_bytes=max_bytes)
     forwarded = 0
     try:
         for chunk in chunked(payload, data.draw):
@@ -654,7 +654,7 @@ def test_request_stream_fuzz_raises_only_protocol_errors(data: Any, payload: byt
 @FUZZ
 @given(payload=st.binary(max_size=64), cuts=st.lists(st.integers(0, 64), max_size=6))
 def test_request_stream_raw_bytes_fuzz(payload: bytes, cuts: list[int]):
-    stream = RequestStream(CorrelationTable(), max_frame_bytes=1024)
+    stream = reading_stream(CorrelationTable(), max_frame_bytes=1024)
     try:
         for chunk in split(payload, cuts):
             stream.feed(chunk)
@@ -735,9 +735,9 @@ def test_response_stream_with_real_rewriter_fuzz_raises_only_protocol_errors(
 
 def test_long_client_id_accepted_whatever_the_chunking():
     data = request_frame(METADATA, 1, 1, "c" * 5000, b"\x00\x00\x00\x00")
-    _out, events = RequestStream(CorrelationTable()).feed(data)  # one chunk: accepted
+    _out, events = reading_stream(CorrelationTable()).feed(data)  # one chunk: accepted
     assert len(events) == 1
-    stream = RequestStream(CorrelationTable())
+    stream = reading_stream(CorrelationTable())
     stream.feed(data[:4200])  # the header straddles the cut
     _out, events = stream.feed(data[4200:])
     assert len(events) == 1
@@ -752,7 +752,7 @@ def test_max_frames_reads_at_most_that_many_and_holds_the_rest(count: int, max_f
     are the input, in order."""
     frames = [struct.pack(">ihhih", 10, 18, 0, i, 0) for i in range(count)]
     data = b"".join(frames)
-    stream = RequestStream(CorrelationTable())
+    stream = reading_stream(CorrelationTable())
     forwarded = bytearray()
     seen: list[int] = []
     for chunk in (data[:cut], data[cut:]):

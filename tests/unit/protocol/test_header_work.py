@@ -40,6 +40,7 @@ from kafka_quota_proxy.protocol.headers import (
 )
 from kafka_quota_proxy.protocol.request_stream import RequestStream
 from testkit.frames import produce_body_prefix, tagged_fields_strategy, texts
+from testkit.request_reader import reading_stream
 
 MAX_HEADER = 2 * 32767 + 4096  # stream._MAX_HEADER_BYTES
 LIMIT_MESSAGE = f"request header longer than {MAX_HEADER} bytes"
@@ -116,7 +117,7 @@ def summary(e: InFlight) -> tuple[Any, ...]:
 
 def run(chunks: list[bytes], stream: RequestStream | None = None) -> list[Any]:
     """Feed ``chunks``; per feed: (forwarded, events, buffered), or the error that ended it."""
-    stream = stream or RequestStream(CorrelationTable())
+    stream = stream or reading_stream(CorrelationTable())
     trace: list[Any] = []
     for chunk in chunks:
         try:
@@ -254,7 +255,7 @@ def test_hostile_header_dribbled_closes_at_the_same_limit(filler: str, chunk: in
 def test_hostile_header_at_once_closes_with_the_same_error():
     raw = hostile_frame(18, 3, b"\x00" * MAX_HEADER)
     with pytest.raises(MalformedFrame, match=LIMIT_MESSAGE):
-        RequestStream(CorrelationTable()).feed(raw)
+        reading_stream(CorrelationTable()).feed(raw)
     assert run([raw[: MAX_HEADER]]) == [(b"", [], MAX_HEADER)]  # just within the limit
 
 
@@ -343,7 +344,7 @@ def test_header_progress_gives_the_same_result_as_a_fresh_parse(
 
 
 def _cpu(raw: bytes, chunk: int) -> tuple[float, str]:
-    stream = RequestStream(CorrelationTable())
+    stream = reading_stream(CorrelationTable())
     outcome = "waiting"
     start = time.process_time()
     try:

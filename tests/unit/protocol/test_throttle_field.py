@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from kafka_quota_proxy.protocol import apis
 from kafka_quota_proxy.protocol.correlation import CorrelationTable, InFlight
-from kafka_quota_proxy.protocol.request_stream import RequestStream
 from kafka_quota_proxy.protocol.rewrite import set_throttle_time, throttle_field
 from testkit.frames import kio_decode, kio_encode, kio_values, response_class, response_frame
+from testkit.request_reader import reading_stream
 
 CASES = [(0, v) for v in range(3, apis.kio_version_range(0)[1] + 1)] + [
     (1, v) for v in range(4, apis.kio_version_range(1)[1] + 1)] + [
@@ -56,7 +56,7 @@ def _frame(correlation_id: int) -> bytes:
 
 
 def test_stop_after_frame_holds_the_rest() -> None:
-    stream = RequestStream(CorrelationTable())
+    stream = reading_stream(CorrelationTable())
     data = _frame(1) + _frame(2) + _frame(3)
     forward, events = stream.feed(data, stop_after_frame=True)
     assert bytes(forward) == _frame(1) and [e.correlation_id for e in events] == [1]
@@ -68,7 +68,7 @@ def test_stop_after_frame_holds_the_rest() -> None:
 
 
 def test_stop_after_frame_finishes_a_frame_in_progress_first() -> None:
-    stream = RequestStream(CorrelationTable())
+    stream = reading_stream(CorrelationTable())
     a, b = _frame(1), _frame(2)
     forward, events = stream.feed(a[:17])  # header read, body still coming
     assert bytes(forward) == a[:17] and stream.mid_frame and len(events) == 1

@@ -35,6 +35,7 @@ from kafka_quota_proxy.protocol.topic_guard import (
     produce_with_refused,
 )
 from testkit.frames import frame, split
+from testkit.request_reader import reading_stream
 
 GUARDED = "__kafka_quota_proxy_quotas"
 OTHER = "orders"
@@ -66,7 +67,7 @@ def _guard() -> GuardedTopics:
 
 def _run(data: bytes, chunks: list[bytes]) -> tuple[bytes, RequestStream, list[InFlight]]:
     topics = _guard()
-    stream = RequestStream(CorrelationTable(),
+    stream = reading_stream(CorrelationTable(),
                            watch_produce=lambda version: ProduceTopics(version, topics))
     out = b""
     events: list[InFlight] = []
@@ -116,7 +117,7 @@ def test_a_produce_the_walk_cannot_follow_is_reported_at_once() -> None:
     at = head + 1 + 2 + 4
     broken = good[:at] + b"\xff" * 6 + good[at + 6:]
     topics = _guard()
-    stream = RequestStream(CorrelationTable(),
+    stream = reading_stream(CorrelationTable(),
                            watch_produce=lambda version: ProduceTopics(version, topics))
     stream.feed(broken[: at + 7])  # the frame goes on: the failure is known before the rest
     [(_, watch)] = stream.watched
@@ -244,7 +245,7 @@ def test_where_a_reported_frame_starts_is_kept_for_the_read_it_began_in() -> Non
     topics = _guard()
     before = frame(encode_request_header(18, 0, 1, "c"))
     produce = _produce(9, [GUARDED])
-    stream = RequestStream(CorrelationTable(),
+    stream = reading_stream(CorrelationTable(),
                            watch_produce=lambda version: ProduceTopics(version, topics))
     forward, _ = stream.feed(before + produce)
     [(entry, _)] = stream.watched
@@ -252,7 +253,7 @@ def test_where_a_reported_frame_starts_is_kept_for_the_read_it_began_in() -> Non
     assert at == len(before) + 4 and bytes(forward[at - 4:]) != produce  # (spoiled)
     stream.feed(frame(encode_request_header(18, 0, 2, "c")))  # the next read
     assert not stream.watched_at  # (what it said of the last one is gone)
-    stream = RequestStream(CorrelationTable(),
+    stream = reading_stream(CorrelationTable(),
                            watch_produce=lambda version: ProduceTopics(version, topics))
     stream.feed(before + produce[:30])
     assert not stream.watched

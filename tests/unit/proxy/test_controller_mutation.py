@@ -309,11 +309,11 @@ def test_metadata_responses_teach_partition_counts() -> None:
 
 
 def test_a_request_forwarded_without_topics_gets_its_own_size_among_pipelined_frames() -> None:
-    """A shorter frame replaces the client's (``patch_captured``): its size prefix is its own
+    """A shorter frame replaces the client's (``read_events``): its size prefix is its own
     and the frames around it go through byte for byte."""
     from kafka_quota_proxy.protocol.correlation import CorrelationTable
     from kafka_quota_proxy.protocol.request_stream import RequestStream
-    from kafka_quota_proxy.proxy.connection import patch_captured
+    from kafka_quota_proxy.proxy.connection import read_events
     from testkit.frames import request_frame
 
     m = _mutations(1.0)
@@ -325,13 +325,15 @@ def test_a_request_forwarded_without_topics_gets_its_own_size_among_pipelined_fr
     stream = RequestStream(CorrelationTable(), capture=lambda e: e.api_key == 19,
                            whole=lambda key, version: key == 19)
     forward, events = stream.feed(data)
-    out = bytes(patch_captured(stream, forward, events, stream.captured, f.request_frame))
+    outcome = read_events(forward, events, f.request_frame, None, lambda e: False, stream.table)
+    assert outcome.forward is not None
+    out = bytes(outcome.forward)
     assert out.startswith(before) and out.endswith(after)
     middle = out[len(before):len(out) - len(after)]
     size = int.from_bytes(middle[:4], "big")
     assert size == len(middle) - 4 < len(create)
     assert _names(19, 7, middle[4:]) == ["a"]
-    assert [e.api_key for e in events] == [3, 19, 18]
+    assert [e.api_key for e in outcome.read] == [3, 19, 18]
 
 
 def test_a_delete_by_topic_id_costs_its_partitions_and_is_given_back_when_it_fails() -> None:

@@ -22,7 +22,7 @@ from kafka_quota_proxy.protocol.headers import (
     parse_response_header,
 )
 from kafka_quota_proxy.protocol.request_stream import RequestStream
-from kafka_quota_proxy.proxy.connection import patch_captured
+from kafka_quota_proxy.proxy.connection import read_events
 from kafka_quota_proxy.proxy.features.quota_admin.admin import AlterFailed, ClientQuotaAdmin
 from kafka_quota_proxy.proxy.features.quota_admin.filter import QuotaAdminFilter
 from kafka_quota_proxy.quota.client_quotas import Change, encode_record
@@ -252,9 +252,10 @@ def test_an_answered_frame_goes_nowhere_even_with_a_frame_under_way_after_it() -
     assert stream.mid_frame  # the Produce frame goes on cut-through
     admin, _ = _admin()
     f = QuotaAdminFilter(FakeFilterHost("admin"), admin)
-    out = patch_captured(stream, forward, events, stream.captured, f.request_frame)
-    assert out is not None and bytes(out) == produce[:40]
-    assert events[0].answer is not None and events[0].local and table.local == 1
+    outcome = read_events(forward, events, f.request_frame, None, lambda e: False, table)
+    assert outcome.forward is not None and bytes(outcome.forward) == produce[:40]
+    answered = outcome.read[0]
+    assert answered.answer is not None and answered.local and table.local == 1
 
 
 def test_overrides_follow_the_topic() -> None:

@@ -9,10 +9,10 @@ import itertools
 import pytest
 
 from kafka_quota_proxy.protocol.correlation import CorrelationTable
-from kafka_quota_proxy.protocol.request_stream import RequestStream
 from kafka_quota_proxy.quota.enforcer import QuotaEnforcer
 from kafka_quota_proxy.quota.entities import DEFAULT, EntityKey, QuotaType
 from kafka_quota_proxy.quota.manager import QuotaManager, QuotaSettings
+from testkit.request_reader import reading_stream
 
 P = QuotaType.PRODUCE
 SETTINGS = QuotaSettings(samples=3, window_ms=1000,
@@ -152,7 +152,7 @@ def _frame(api_key: int, body: bytes = b"") -> bytes:
 
 
 def test_request_stream_peeks_and_holds_the_next_frame() -> None:
-    stream = RequestStream(CorrelationTable())
+    stream = reading_stream(CorrelationTable())
     metadata = _frame(3)
     assert stream.next_api_key(metadata[:5]) is None  # not enough to tell
     assert stream.next_api_key(metadata) == 3

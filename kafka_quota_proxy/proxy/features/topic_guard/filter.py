@@ -96,7 +96,7 @@ class TopicGuardFilter(Filter):
         common case, a frame read whole or whose failure shows in the read it began in. Where
         its first bytes went upstream with an earlier read (a frame split across reads), the
         broker holds part of it and the connection closes at once (the connection's doing:
-        ``patch_captured``)."""
+        ``read_events``)."""
         guard = self.guard
         if watch.failed or not watch.done:
             guard.closed["produce_unparsed"] = guard.closed.get("produce_unparsed", 0) + 1
