@@ -51,6 +51,7 @@ log = get_logger("kafka_quota_proxy.connection")
 _ids = itertools.count(1)
 _FETCH = int(ApiKey.FETCH)
 _now = time.perf_counter
+_NO_REQUESTS: list[InFlight] = []  # (never changed)
 _clock = time.monotonic
 # The first bytes of a TLS ClientHello (a record of type handshake, TLS 1.0-1.3)
 _TLS_HELLO = frozenset(bytes((0x16, 3, minor)) for minor in range(5))
@@ -333,7 +334,7 @@ class ProxiedConnection(asyncio.Protocol):
                 self.close(reason, detail=str(exc), side="client")
                 return
             if self.requests.mid_frame:
-                if not was_mid or any(type(e) is RequestRead for e in events):
+                if not was_mid or (events and any(type(e) is RequestRead for e in events)):
                     self.frame_started = now
             else:
                 self.frame_started = None
@@ -437,24 +438,31 @@ class ProxiedConnection(asyncio.Protocol):
         hooks (patched, answered, refused: ``read_events``), then the measured Produce frames
         and the requests read through their hooks, and what is left goes upstream."""
         chain = self.chain
-        watcher = self._watcher
-        outcome = read_events(forward, events, self._request_frame,
-                              watcher.produce_watched if watcher is not None else None,
-                              self._refused, self.table)
-        if self.closed:  # a frame hook closed the connection
-            return
-        if self._refusing is not None:
-            if outcome.forward is None:  # a request refused where it cannot be cut out
-                refusing = self._refusing
-                self.close(refusing[1], side="client",
-                           detail=f"{refusing[2]} (closed at once: part of the frame went "
-                                  "upstream with an earlier read)")
+        measured: list[InFlight]
+        read: list[InFlight]
+        if not events:  # (the rest of a frame under way)
+            measured = read = _NO_REQUESTS
+        elif len(events) == 1 and type(events[0]) is RequestRead:  # (the common read)
+            measured, read = [], [events[0].entry]
+        else:
+            watcher = self._watcher
+            outcome = read_events(forward, events, self._request_frame,
+                                  watcher.produce_watched if watcher is not None else None,
+                                  self._refused, self.table)
+            if self.closed:  # a frame hook closed the connection
                 return
-            if not self._drop_refused(outcome.dropped):
-                return
-        assert outcome.forward is not None
-        forward = outcome.forward
-        measured, read = outcome.measured, outcome.read
+            if self._refusing is not None:
+                if outcome.forward is None:  # a request refused where it cannot be cut out
+                    refusing = self._refusing
+                    self.close(refusing[1], side="client",
+                               detail=f"{refusing[2]} (closed at once: part of the frame "
+                                      "went upstream with an earlier read)")
+                    return
+                if not self._drop_refused(outcome.dropped):
+                    return
+            assert outcome.forward is not None
+            forward = outcome.forward
+            measured, read = outcome.measured, outcome.read
         if measured:
             for entry in measured:
                 for hook in chain.request_measured:
