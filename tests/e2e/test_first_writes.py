@@ -25,8 +25,9 @@ pytestmark = pytest.mark.e2e
 QUOTA = 200_000
 RECORD = 64_000
 FRAMES = 100
-SECONDS = 24.0
+SECONDS = 24.0  # after the first acknowledgement (where the budget's samples start)
 SETTLED = 11.0  # Kafka's 11 x 1 s window lets a fresh budget take 10 s of quota at once
+LONGEST = 60.0  # (the run stops here whatever happened)
 
 
 def _produce_frames(port: int, topic: str, n: int) -> bytes:
@@ -102,15 +103,25 @@ def test_a_reconnect_storm_of_first_writes_is_held_to_the_quota(tansu: TansuBrok
         acked: list[tuple[float, int]] = []
         start = time.monotonic()
         connections = 0
-        while time.monotonic() - start < SECONDS:
+        while True:
+            elapsed = time.monotonic() - start
+            if elapsed > LONGEST or (acked and elapsed - acked[0][0] >= SECONDS):
+                break
             _storm_connection(port, frames, acked, start)
             connections += 1
         held = proxy.metrics().get("kafka_proxy_quota_held_first_requests_total", 0)
     finally:
         proxy.stop()
-    settled = sum(n for t, n in acked if SETTLED <= t < SECONDS) / (SECONDS - SETTLED)
-    print(f"\nstorm: {connections} connections, {len(acked)} produce requests acknowledged, "
-          f"{settled / QUOTA:.2f} of the quota after {SETTLED:g} s, first requests held {held}")
+    assert acked, "no produce request was acknowledged"
+    # Measured from the first acknowledgement, not from the first connection: the budget's
+    # burst allowance runs from its first recorded bytes, and a slow start (a loaded machine)
+    # must not move that burst into the settled window.
+    first = acked[0][0]
+    settled = sum(n for t, n in acked
+                  if first + SETTLED <= t < first + SECONDS) / (SECONDS - SETTLED)
+    print(f"\nstorm: {connections} connections, {len(acked)} produce requests acknowledged "
+          f"(the first after {first:.2f} s), {settled / QUOTA:.2f} of the quota after "
+          f"{SETTLED:g} s, first requests held {held}")
     assert held > 0  # the storm's new connections met a budget over its quota
     assert settled <= 1.1 * QUOTA
     assert settled >= 0.5 * QUOTA  # and the producer is served at its quota, not starved
