@@ -17,7 +17,7 @@ from kafka_quota_proxy.protocol.request_stream import (
     RequestStream,
 )
 
-_OWN = frozenset({"stream", "captured", "captured_at", "measured", "watched", "watched_at",
+_OWN = frozenset({"stream", "copied", "copied_at", "measured", "watched", "watched_at",
                   "next_client_id", "events"})
 
 
@@ -26,8 +26,8 @@ class StreamReader:
 
     def __init__(self, stream: RequestStream) -> None:
         object.__setattr__(self, "stream", stream)
-        self.captured: list[tuple[InFlight, bytes]] = []
-        self.captured_at: dict[int, int] = {}  # the last feed's, by id(entry)
+        self.copied: list[tuple[InFlight, bytes]] = []
+        self.copied_at: dict[int, int] = {}  # the last feed's, by id(entry)
         self.measured: list[InFlight] = []
         self.watched: list[tuple[InFlight, Any]] = []
         self.watched_at: dict[int, int] = {}  # the last feed's, by id(entry)
@@ -38,16 +38,16 @@ class StreamReader:
              max_frames: int = 0) -> tuple[Any, list[InFlight]]:
         forward, events = self.stream.feed(data, stop_after_frame, max_frames)
         self.events = events
-        self.captured_at = {}
+        self.copied_at = {}
         self.watched_at = {}
         read: list[InFlight] = []
         for event in events:
             if isinstance(event, RequestRead):
                 read.append(event.entry)
             elif isinstance(event, FrameCopied):
-                self.captured.append((event.entry, event.frame))
+                self.copied.append((event.entry, event.frame))
                 if event.at >= 0:
-                    self.captured_at[id(event.entry)] = event.at
+                    self.copied_at[id(event.entry)] = event.at
             elif isinstance(event, ProduceMeasured):
                 self.measured.append(event.entry)
             elif isinstance(event, ProduceWatched):

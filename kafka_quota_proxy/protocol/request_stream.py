@@ -88,8 +88,8 @@ class RequestStream:
     """
 
     __slots__ = (
-        "_capture",
-        "_capturing",
+        "_copy_frame",
+        "_copying",
         "_events",
         "_gated",
         "_held",
@@ -113,7 +113,7 @@ class RequestStream:
         self,
         table: CorrelationTable,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-        capture: Callable[[InFlight], bool] | None = None,
+        copy_frame: Callable[[InFlight], bool] | None = None,
         measure_produce: bool = False,
         whole: Callable[[int, int], bool] | None = None,
         watch_produce: Callable[[int], Any] | None = None,
@@ -137,10 +137,10 @@ class RequestStream:
         self._held = b""  # whole frames not read yet (``stop_after_frame``)
         # What one ``feed`` saw, in order (``RequestEvent``): the list it returns.
         self._events: list[RequestEvent] = []
-        # ``capture(entry)`` True: a copy of that request frame (without size prefix) is an
+        # ``copy_frame(entry)`` True: a copy of that request frame (without size prefix) is an
         # event once complete (``FrameCopied``); it is forwarded cut-through all the same.
-        self._capture = capture
-        self._capturing: tuple[InFlight, list[bytes]] | None = None
+        self._copy_frame = copy_frame
+        self._copying: tuple[InFlight, list[bytes]] | None = None
         # ``measure_produce``: Produce v3+ frames are walked as they pass (nothing copied) and
         # their entry's ``partitions`` set when they end (``ProduceMeasured``).
         self._measure = measure_produce
@@ -303,8 +303,8 @@ class RequestStream:
         rem = self._remaining
         if rem >= n:
             self._remaining = rem - n
-            if self._capturing is not None:
-                self._capture_more(data, n)
+            if self._copying is not None:
+                self._copy_more(data, n)
             if self._measuring is not None:
                 self._measure_more(data, n)
             if self._watching is not None:
@@ -312,8 +312,8 @@ class RequestStream:
             return data, events
         pos = rem
         self._remaining = 0
-        if rem and self._capturing is not None:
-            self._capture_more(data, rem)
+        if rem and self._copying is not None:
+            self._copy_more(data, rem)
         if rem and self._measuring is not None:
             self._measure_more(data, rem)
         if rem and self._watching is not None:
@@ -374,9 +374,9 @@ class RequestStream:
             if expects_response:
                 table.add(entry)
             events.append(RequestRead(entry))
-            if self._capture is not None and self._capture(entry):
+            if self._copy_frame is not None and self._copy_frame(entry):
                 if end > n:
-                    self._capturing = (entry, [data[pos + 4 : n]])
+                    self._copying = (entry, [data[pos + 4 : n]])
                 else:
                     events.append(FrameCopied(entry, data[pos + 4 : end], pos + 4))
             if self._measure and api_key == _PRODUCE and header.api_version >= 3:
@@ -482,11 +482,11 @@ class RequestStream:
         self._events.append(ProduceWatched(entry, watch, self._watch_start))
         self._reported.append(watch)
 
-    def _capture_more(self, data: bytes, upto: int) -> None:
-        """The next ``upto`` bytes of ``data`` continue the frame being captured."""
-        assert self._capturing is not None
-        entry, parts = self._capturing
+    def _copy_more(self, data: bytes, upto: int) -> None:
+        """The next ``upto`` bytes of ``data`` continue the frame being copied."""
+        assert self._copying is not None
+        entry, parts = self._copying
         parts.append(data[:upto])
         if not self._remaining:
-            self._capturing = None
+            self._copying = None
             self._events.append(FrameCopied(entry, b"".join(parts), -1))

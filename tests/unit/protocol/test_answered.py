@@ -20,7 +20,7 @@ from testkit.request_reader import reading_stream
 
 
 def _stream() -> RequestStream:
-    return reading_stream(CorrelationTable(), capture=lambda e: e.api_key == 48,
+    return reading_stream(CorrelationTable(), copy_frame=lambda e: e.api_key == 48,
                          whole=lambda key, version: key == 48)
 
 
@@ -48,13 +48,13 @@ def test_an_answered_request_goes_upstream_in_one_piece(cuts: list[int]) -> None
     assert b"".join(forwarded) == data  # nothing lost, nothing reordered
     assert [e.api_key for e in events] == [18, 48, 3]
     start = len(PRODUCE_LIKE)
-    # the describe frame is within one forwarded piece, and captured whole from it
+    # the describe frame is within one forwarded piece, and copied whole from it
     offset = 0
     for piece in forwarded:
         if offset <= start < offset + len(piece):
             assert start + len(DESCRIBE) <= offset + len(piece)
         offset += len(piece)
-    assert [(e.api_key, frame) for e, frame in stream.captured] == [(48, DESCRIBE[4:])]
+    assert [(e.api_key, frame) for e, frame in stream.copied] == [(48, DESCRIBE[4:])]
 
 
 def test_nothing_of_it_is_forwarded_until_it_is_whole() -> None:
@@ -106,13 +106,13 @@ def test_the_answer_goes_with_the_throttle_set() -> None:
 
 def test_a_frame_of_an_api_the_broker_answers_over_the_bound_goes_through_cut_through() -> None:
     """(CreateTopics, read whole for the controller mutation quota): too large to read whole,
-    it is forwarded as it comes, and captured unpatchable, instead of closing the
+    it is forwarded as it comes, and copied unpatchable, instead of closing the
     connection."""
-    stream = reading_stream(CorrelationTable(), capture=lambda e: e.api_key in (48, 19),
+    stream = reading_stream(CorrelationTable(), copy_frame=lambda e: e.api_key in (48, 19),
                            whole=lambda key, version: key in (48, 19))
     big = request_frame(19, 7, 8, "admin", b"\x00" * (WHOLE_FRAME_MAX + 10))
     out, events = stream.feed(big[:1000])
     assert bytes(out) == big[:1000] and [e.api_key for e in events] == [19]
     rest, _ = stream.feed(big[1000:])
     assert bytes(rest) == big[1000:]
-    assert [(e.api_key, len(f)) for e, f in stream.captured] == [(19, len(big) - 4)]
+    assert [(e.api_key, len(f)) for e, f in stream.copied] == [(19, len(big) - 4)]

@@ -159,11 +159,11 @@ def test_request_stream_forwards_input_exactly_under_any_chunking(data: Any, req
 
 @settings(max_examples=120, deadline=None)
 @given(data=st.data(), reqs=request_batches(), stop=st.booleans())
-def test_captured_frames_are_whole_and_forwarding_is_unchanged(data: Any, reqs: list[Req],
+def test_copied_frames_are_whole_and_forwarding_is_unchanged(data: Any, reqs: list[Req],
                                                                stop: bool):
     payload = b"".join(r.data for r in reqs)
     wanted = data.draw(st.sets(st.sampled_from([r.api_key for r in reqs]))) if reqs else set()
-    stream = reading_stream(CorrelationTable(), capture=lambda e: e.api_key in wanted)
+    stream = reading_stream(CorrelationTable(), copy_frame=lambda e: e.api_key in wanted)
     forwarded = bytearray()
     for chunk in chunked(payload, data.draw):
         out, _ = stream.feed(chunk, stop_after_frame=stop)
@@ -172,7 +172,7 @@ def test_captured_frames_are_whole_and_forwarding_is_unchanged(data: Any, reqs: 
             out, _ = stream.feed(b"", stop_after_frame=stop)
             forwarded += out
     assert bytes(forwarded) == payload
-    assert [(e.correlation_id, bytes(f)) for e, f in stream.captured] == [
+    assert [(e.correlation_id, bytes(f)) for e, f in stream.copied] == [
         (r.correlation_id, r.data[4:]) for r in reqs if r.api_key in wanted]
 
 

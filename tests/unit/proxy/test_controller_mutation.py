@@ -322,7 +322,7 @@ def test_a_request_forwarded_without_topics_gets_its_own_size_among_pipelined_fr
     before = request_frame(3, 12, 5, "admin", b"\x01\x00\x00")
     after = request_frame(18, 3, 9, "admin", b"\x01\x01\x00")
     data = before + len(create).to_bytes(4, "big") + create + after
-    stream = RequestStream(CorrelationTable(), capture=lambda e: e.api_key == 19,
+    stream = RequestStream(CorrelationTable(), copy_frame=lambda e: e.api_key == 19,
                            whole=lambda key, version: key == 19)
     forward, events = stream.feed(data)
     outcome = read_events(forward, events, f.request_frame, None, lambda e: False, stream.table)

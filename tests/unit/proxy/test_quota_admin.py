@@ -246,7 +246,7 @@ def test_an_answered_frame_goes_nowhere_even_with_a_frame_under_way_after_it() -
     describe = _describe([])
     produce = request_frame(0, 9, 12, "p", b"\x00" * 500)
     table = CorrelationTable()
-    stream = RequestStream(table, capture=lambda e: e.api_key == 48,
+    stream = RequestStream(table, copy_frame=lambda e: e.api_key == 48,
                            whole=lambda key, version: key == 48)
     forward, events = stream.feed(len(describe).to_bytes(4, "big") + describe + produce[:40])
     assert stream.mid_frame  # the Produce frame goes on cut-through

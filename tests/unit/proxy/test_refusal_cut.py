@@ -12,7 +12,7 @@ from testkit.frames import request_frame
 
 def _stream() -> RequestStream:
     # every Metadata (3) read whole and given to the visitor
-    return RequestStream(CorrelationTable(), capture=lambda e: e.api_key == 3,
+    return RequestStream(CorrelationTable(), copy_frame=lambda e: e.api_key == 3,
                          whole=lambda key, version: key == 3)
 
 
@@ -69,7 +69,7 @@ def test_a_refused_produce_is_cut_in_its_place_among_the_captured_frames() -> No
     from kafka_quota_proxy.protocol.topic_guard import GuardedTopics, ProduceTopics
 
     topics = GuardedTopics(["guarded"])
-    stream = RequestStream(CorrelationTable(), capture=lambda e: e.api_key == 3,
+    stream = RequestStream(CorrelationTable(), copy_frame=lambda e: e.api_key == 3,
                            whole=lambda key, version: key == 3,
                            watch_produce=lambda version: ProduceTopics(version, topics))
     first = request_frame(3, 12, 1, "c", b"\x01\x00\x00")
