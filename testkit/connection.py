@@ -3,8 +3,8 @@
 ``DrivenConnection.open(filters)`` makes the connection as a listener does (the filters' chain
 and an ``InterestTable`` of the address rewriter's and the filters' declarations, as
 ``ListenerKind._make_context`` builds them), over fake transports: the connection's own
-``connection_made`` and ``_connect_upstream`` run, the upstream "connected" to a
-``FakeTransport`` instead of a socket. A test then plays both peers::
+``connection_made`` and ``_connect_upstream`` run, the upstream reached through the context's
+``connect_upstream`` (a ``FakeTransport`` instead of a socket). A test then plays both peers::
 
     h = await DrivenConnection.open([partial(TopicGuardFilter, guard=guard)])
     h.client_sends(frames)           # the client's bytes (``data_received``)
@@ -13,8 +13,8 @@ and an ``InterestTable`` of the address rewriter's and the filters' declarations
     await h.settle()                 # callbacks the connection scheduled (``call_soon``)
     assert h.client_got() == ... and h.closed_reason is None
 
-It needs a running event loop (``asyncio.run``): the connection schedules on it (connecting,
-refusal waits, interception resumed). Responses are not rewritten (``PassThroughRewriter``)
+It needs a running event loop (asyncio's or uvloop's): the connection schedules on it
+(connecting, refusal waits, interception resumed). Responses are not rewritten (``PassThroughRewriter``)
 unless a rewriter is given.
 """
 
@@ -31,7 +31,7 @@ from kafka_quota_proxy.protocol.framing import Buffer
 from kafka_quota_proxy.protocol.interests import InterestTable, addresses
 from kafka_quota_proxy.proxy.brokers import ListeningRewriter
 from kafka_quota_proxy.proxy.connection import ProxiedConnection, UpstreamSide
-from kafka_quota_proxy.proxy.context import ConnectionContext
+from kafka_quota_proxy.proxy.context import ConnectionContext, UpstreamConnector
 from kafka_quota_proxy.proxy.filters.base import Filter, FilterFactory
 from kafka_quota_proxy.proxy.metrics import ProxyStats
 
@@ -158,40 +158,32 @@ class DrivenConnection:
         upstream. ``rewriter``: the responses' (default ``PassThroughRewriter``)."""
         host = FakeHost()
         declared = [filter_class(make) for make in filters]
-        ctx = ConnectionContext(
-            host=host, listener=listener, scope=scope, network=network or NetworkConfig(),
-            connect_timeout_seconds=1.0, stats=ProxyStats(),
-            rewriter=cast(ListeningRewriter, rewriter or PassThroughRewriter()),
-            interests=InterestTable([addresses, *(c.interests for c in declared)]),
-            filters=tuple(filters),
-            filter_response_frames=InterestTable(c.interests for c in declared).response_frames)
-        conn = ProxiedConnection(ctx, lambda: [(*BROKER, scope)])
-        client = FakeTransport(CLIENT_PEER)
         made: list[tuple[FakeTransport, UpstreamSide]] = []
 
-        async def create_connection(factory: Callable[[], UpstreamSide], host: str, port: int,
-                                    **_: Any) -> tuple[FakeTransport, UpstreamSide]:
+        async def connect(host: str, port: int, factory: Callable[[], UpstreamSide]
+                          ) -> tuple[FakeTransport, UpstreamSide]:
+            """The connector the connection reaches its broker with: a fake transport."""
             side = factory()
             transport = FakeTransport((host, port))
             side.connection_made(cast(asyncio.Transport, transport))
             made.append((transport, side))
             return transport, side
 
-        # The connection connects upstream on the running loop (``_connect_upstream``): its
-        # ``create_connection`` answers with a fake transport for as long as that takes.
-        loop = asyncio.get_running_loop()
-        try:
-            loop.create_connection = create_connection  # type: ignore[assignment,method-assign]
-        except AttributeError:  # (uvloop's loop takes no attributes)
-            raise TypeError("DrivenConnection runs on asyncio's own event loop") from None
-        try:
-            conn.connection_made(cast(asyncio.Transport, client))
-            for _ in range(100):
-                if conn.upstream is not None or conn.closed:
-                    break
-                await asyncio.sleep(0)
-        finally:
-            del loop.create_connection  # (the loop's own again)
+        ctx = ConnectionContext(
+            host=host, listener=listener, scope=scope, network=network or NetworkConfig(),
+            connect_timeout_seconds=1.0, stats=ProxyStats(),
+            rewriter=cast(ListeningRewriter, rewriter or PassThroughRewriter()),
+            interests=InterestTable([addresses, *(c.interests for c in declared)]),
+            filters=tuple(filters),
+            filter_response_frames=InterestTable(c.interests for c in declared).response_frames,
+            connect_upstream=cast(UpstreamConnector, connect))
+        conn = ProxiedConnection(ctx, lambda: [(*BROKER, scope)])
+        client = FakeTransport(CLIENT_PEER)
+        conn.connection_made(cast(asyncio.Transport, client))
+        for _ in range(100):  # (``_connect_upstream`` runs on the loop)
+            if conn.upstream is not None or conn.closed:
+                break
+            await asyncio.sleep(0)
         if conn.upstream is None:
             raise AssertionError(f"the connection did not connect upstream: {host.closed}")
         ((upstream, side),) = made

@@ -190,9 +190,13 @@ class ProxiedConnection(asyncio.Protocol):
         upstream_tls = self.ctx.upstream_tls
         identity = self.ctx.upstream_identity
         side_class = UpstreamSide if upstream_tls is None else TlsUpstreamSide
+        connect = self.ctx.connect_upstream
         for host, port, scope in self._resolve_upstream():
             try:
-                if identity is None:
+                if connect is not None:
+                    transport, side = await asyncio.wait_for(
+                        connect(host, port, lambda: side_class(self)), timeout)
+                elif identity is None:
                     transport, side = await asyncio.wait_for(
                         loop.create_connection(
                             lambda: side_class(self), host, port, ssl=upstream_tls,

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import ssl
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -33,6 +35,12 @@ class ConnectionHost(Protocol):
     def connection_closed(self, conn: Any, reason: str) -> None: ...
 
 
+# How a connection reaches a broker: ``connect(host, port, protocol_factory)`` gives the
+# transport and the protocol made by ``protocol_factory`` once connected (and authenticated).
+UpstreamConnector = Callable[[str, int, Callable[[], Any]],
+                             Awaitable[tuple[asyncio.BaseTransport, Any]]]
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectionContext:
     """Everything a connection of one listener uses, fixed when the listener is made."""
@@ -56,3 +64,7 @@ class ConnectionContext:
     upstream_tls: ssl.SSLContext | None = None  # TLS toward the brokers
     # SASL termination: each upstream connection authenticates as the proxy first
     upstream_identity: OwnIdentity | None = None
+    # How the connections reach their broker; None: a socket, with ``upstream_tls`` and
+    # ``upstream_identity`` (the connection core itself never opens one: a unit test gives it
+    # a connector to fake transports, ``testkit.connection``)
+    connect_upstream: UpstreamConnector | None = None

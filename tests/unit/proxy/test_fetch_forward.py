@@ -1,7 +1,7 @@
 """Where the proxy puts a patched consumer fetch: the request stream forwards frames
-cut-through, so the connection (``proxy.connection.patch_captured``) finds the captured fetch
-in the bytes it is about to forward and overwrites it there (same size), or leaves it alone
-when the frame is not wholly there. A connection driven with a filter that patches every
+cut-through, so the connection (``proxy.connection.read_events``) finds the copied fetch in
+the bytes it is about to forward (``FrameCopied.at``) and overwrites it there (same size), or
+leaves it alone when the frame is not wholly there. A connection driven with a filter that patches every
 fetch it is given whole: checked under any chunking, with and without reading one frame at a
 time (clients with a quota)."""
 
@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Callable, Coroutine
 from functools import partial
 from typing import Any
 
+import uvloop
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -63,9 +65,11 @@ class _PatchFetches(Filter):
         return self.one_at_a_time
 
 
-def _forward(chunks: list[bytes], one_at_a_time: bool) -> tuple[bytes, dict[int, bool]]:
+def _forward(chunks: list[bytes], one_at_a_time: bool,
+             run: Callable[[Coroutine[Any, Any, bytes]], bytes] = asyncio.run,
+             ) -> tuple[bytes, dict[int, bool]]:
     """What reaches the broker of the client's reads ``chunks``, and whether each fetch was
-    patchable."""
+    patchable (``run``: the event loop the connection is driven on)."""
     patchable: dict[int, bool] = {}
 
     async def drive() -> bytes:
@@ -76,7 +80,7 @@ def _forward(chunks: list[bytes], one_at_a_time: bool) -> tuple[bytes, dict[int,
         assert h.closed_reason is None and not h.conn.requests.unread  # nothing held back
         return h.upstream_got()
 
-    return asyncio.run(drive()), patchable
+    return run(drive()), patchable
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -115,3 +119,13 @@ def test_a_fetch_split_over_two_reads_goes_as_sent() -> None:
     frame = frames[0][2]
     out, patchable = _forward([frame[:20], frame[20:]], one_at_a_time=False)
     assert patchable == {0: False} and out == frame
+
+
+def test_the_connection_is_driven_on_uvloop_as_the_proxy_runs_it() -> None:
+    """The connection core reaches its broker through the context's connector, so it is
+    driven without sockets on the proxy's own event loop too."""
+    frames = _frames([(False, 12), (True, 30), (False, 8)])
+    out, patchable = _forward([b"".join(f for _, _, f in frames)], one_at_a_time=False,
+                              run=uvloop.run)
+    assert patchable == {1: True}
+    assert out == b"".join(_mark(f, corr) if fetch else f for corr, fetch, f in frames)
