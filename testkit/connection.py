@@ -14,8 +14,8 @@ and an ``InterestTable`` of the address rewriter's and the filters' declarations
     assert h.client_got() == ... and h.closed_reason is None
 
 It needs a running event loop (asyncio's or uvloop's): the connection schedules on it
-(connecting, refusal waits, interception resumed). Responses are not rewritten (``PassThroughRewriter``)
-unless a rewriter is given.
+(connecting, refusal waits, interception resumed). Responses are not rewritten
+(``PassThroughRewriter``) unless a rewriter is given.
 """
 
 from __future__ import annotations

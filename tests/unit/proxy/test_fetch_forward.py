@@ -1,9 +1,9 @@
 """Where the proxy puts a patched consumer fetch: the request stream forwards frames
 cut-through, so the connection (``proxy.connection.read_events``) finds the copied fetch in
 the bytes it is about to forward (``FrameCopied.at``) and overwrites it there (same size), or
-leaves it alone when the frame is not wholly there. A connection driven with a filter that patches every
-fetch it is given whole: checked under any chunking, with and without reading one frame at a
-time (clients with a quota)."""
+leaves it alone when the frame is not wholly there. A connection driven with a filter that
+patches every fetch it is given whole: checked under any chunking, with and without reading
+one frame at a time (clients with a quota)."""
 
 from __future__ import annotations
 
