@@ -38,7 +38,7 @@ class ConnectionHost(Protocol):
 # How a connection reaches a broker: ``connect(host, port, protocol_factory)`` gives the
 # transport and the protocol made by ``protocol_factory`` once connected (and authenticated).
 UpstreamConnector = Callable[[str, int, Callable[[], Any]],
-                             Awaitable[tuple[asyncio.BaseTransport, Any]]]
+                             Awaitable[tuple[asyncio.Transport, Any]]]
 
 
 @dataclass(frozen=True, slots=True)
