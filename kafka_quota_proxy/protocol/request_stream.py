@@ -193,6 +193,11 @@ class RequestStream:
         """A frame has started but not ended (at end of input this means truncation)."""
         return self._remaining > 0 or bool(self._pending)
 
+    def inside_frame(self, n: int) -> bool:
+        """The next ``n`` bytes all continue the body of the frame under way, which goes on
+        past them: reading them decides nothing (no header, no frame ends)."""
+        return self._remaining > n
+
     @property
     def reading_header(self) -> bool:
         """A frame has started and its request header is not complete yet."""

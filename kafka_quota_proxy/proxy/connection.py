@@ -314,7 +314,20 @@ class ProxiedConnection(asyncio.Protocol):
             return  # sent after draining began (the client saw FIN) or after a refused request
             # (discarded, never answered)
         now = self.last_active = _clock()
-        was_mid = self.requests.mid_frame
+        requests = self.requests
+        if requests.inside_frame(len(data)):
+            # The body of a frame under way, which goes on past this read (a large Produce
+            # arrives in many): nothing is asked of the filters (``serial``, ``hold`` and the
+            # bound on requests in flight are for frames to come), only its watch or copy may
+            # have something to say.
+            try:
+                forward, events = requests.feed(data)
+            except ProtocolError as exc:
+                self.close(exc.reason, detail=str(exc), side="client")
+                return
+            self._handle_requests(forward, events)
+            return
+        was_mid = requests.mid_frame
         while not self.closed:
             serial = self._serial(data)
             if serial is None:  # held back by a filter

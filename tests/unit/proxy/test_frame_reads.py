@@ -1,0 +1,66 @@
+"""The reads inside a frame's body (a large Produce arrives in many) decide nothing: the
+filters are not asked (``serial``, ``hold``), the bytes go on as read. The read that ends
+the frame is a frame boundary like any other: a client read one frame at a time is read no
+further while its request is in flight."""
+
+from __future__ import annotations
+
+import itertools
+from functools import partial
+
+from kafka_quota_proxy.proxy.filters.base import Filter, FilterHost
+from testkit.connection import DrivenConnection
+from testkit.frames import produce_body_prefix, request_frame, response_frame
+
+
+class _OneAtATime(Filter):
+    """Reads frames one at a time and another only once nothing is in flight (as quotas do
+    for a client over its quota), counting how often it is asked."""
+
+    def __init__(self, host: FilterHost, asked: list[int]) -> None:
+        self.asked = asked
+        self.table = host.table
+
+    def serial(self) -> bool:
+        self.asked.append(1)
+        return True
+
+    def headroom(self) -> bool:
+        return not self.table
+
+
+def _produce(correlation_id: int, size: int = 30_000) -> bytes:
+    return request_frame(0, 7, correlation_id, "p",
+                         produce_body_prefix(7, 1, None) + bytes(size))
+
+
+async def test_reads_inside_a_frame_ask_nothing_and_go_on_as_read() -> None:
+    asked: list[int] = []
+    h = await DrivenConnection.open([partial(_OneAtATime, asked=asked)])
+    first = _produce(1)
+    cuts = (0, 200, 5_000, 10_000, 15_000, 20_000, len(first))
+    reads = list(itertools.pairwise(cuts))
+    for n, (at, end) in enumerate(reads):
+        h.client_sends(first[at:end])
+        assert h.upstream_got() == first[:end]  # cut-through, read by read
+        if n == 0:
+            at_start = len(asked)  # (asked when the frame started)
+        elif n < len(reads) - 1:
+            assert len(asked) == at_start  # not on the reads inside the frame
+    assert len(asked) > at_start  # but when it ended
+    assert h.closed_reason is None
+
+
+async def test_the_read_that_ends_a_frame_still_stops_a_one_at_a_time_client() -> None:
+    asked: list[int] = []
+    h = await DrivenConnection.open([partial(_OneAtATime, asked=asked)])
+    first = _produce(1)
+    h.client_sends(first[:10_000])
+    assert h.client.reading
+    h.client_sends(first[10_000:])  # ends the frame exactly: its request is in flight
+    assert h.upstream_got() == first
+    assert not h.client.reading  # no headroom: the client is read no further
+    h.upstream_sends(response_frame(0, 7, 1, bytes(20)))
+    await h.settle()
+    assert h.client.reading  # until the response
+    assert h.closed_reason is None
