@@ -278,51 +278,20 @@ class RequestStream:
             data = self._held + data
             self._held = b""
         elif self._pending:  # (never both)
-            # Grown in place and tried again where the last attempt stopped, so that a header
-            # arriving in many small reads costs time linear in its length; it is only copied
-            # out once the header is complete (or fails).
-            pending, self._pending = self._pending, bytearray()
-            pending += data
-            n = len(pending)
-            if self._whole_until:  # a frame read whole: waits until it is
-                if n < self._whole_until:
-                    self._pending = pending
-                    return NOTHING, events
-                self._whole_until = 0
-                progress = None
-            waiting = True
-            if n >= 4:
-                size = INT32.unpack_from(pending, 0)[0]
-                check_size(size, self._max)
-                if 4 + size > n:
-                    if progress is None:
-                        progress = HeaderProgress()
-                    waiting = self._read_header(pending, 0, 4 + size, n, progress) is None
-                else:
-                    waiting = False
-            if waiting:
-                self._pending, self._progress = pending, progress
+            resumed = self._with_pending(data, progress)
+            if resumed is None:  # (the header, or the frame read whole, is not all there yet)
                 return NOTHING, events
-            data = bytes(pending)
+            data, progress = resumed
         n = len(data)
         rem = self._remaining
         if rem >= n:
             self._remaining = rem - n
-            if self._copying is not None:
-                self._copy_more(data, n)
-            if self._measuring is not None:
-                self._measure_more(data, n)
-            if self._watching is not None:
-                self._watch_more(data, n)
+            self._go_on(data, n)
             return data, events
         pos = rem
         self._remaining = 0
-        if rem and self._copying is not None:
-            self._copy_more(data, rem)
-        if rem and self._measuring is not None:
-            self._measure_more(data, rem)
-        if rem and self._watching is not None:
-            self._watch_more(data, rem)
+        if rem:
+            self._go_on(data, rem)
         if rem and max_frames == 1:
             self._held = data[rem:]
             return memoryview(data)[:rem], events
@@ -366,33 +335,14 @@ class RequestStream:
                 self._pending = bytearray(memoryview(data)[pos:])
                 self._whole_until = end - pos
                 break
-            limit = end if end < n else n
-            entry = InFlight(
-                api_key,
-                header.api_version,
-                header.correlation_id,
-                header.client_id,
-                size + 4,
-                expects_response,
-            )
+            entry = InFlight(api_key, header.api_version, header.correlation_id,
+                             header.client_id, size + 4, expects_response)
             entry.follower = follower
             if expects_response:
                 table.add(entry)
             events.append(RequestRead(entry))
-            if self._copy_frame is not None and self._copy_frame(entry):
-                if end > n:
-                    self._copying = (entry, [data[pos + 4 : n]])
-                else:
-                    events.append(FrameCopied(entry, data[pos + 4 : end], pos + 4))
-            if self._measure and api_key == _PRODUCE and header.api_version >= 3:
-                parts: PartitionBytes = []
-                self._measuring = (
-                    entry, Walker(produce_request_walk(header.api_version, parts)), parts)
-                self._measure_more(data, limit, pos + 4, end > n)
-            if self._watch is not None and api_key == _PRODUCE:
-                self._watching = (entry, self._watch(header.api_version))
-                self._watch_start = pos + 4
-                self._watch_more(data, limit, pos + 4, end > n)
+            if self._copy_frame is not None or self._measure or self._watch is not None:
+                self._follow(entry, data, pos, end, n)
             if end > n:
                 self._remaining = end - n
                 pos = n
@@ -405,6 +355,67 @@ class RequestStream:
         if pos == n:
             return data, events
         return memoryview(data)[:pos], events
+
+    def _go_on(self, data: bytes, upto: int) -> None:
+        """The first ``upto`` bytes of ``data`` continue the frame under way (``_remaining``
+        already counts them): its copy, measure and watch go on."""
+        if self._copying is not None:
+            self._copy_more(data, upto)
+        if self._measuring is not None:
+            self._measure_more(data, upto)
+        if self._watching is not None:
+            self._watch_more(data, upto)
+
+    def _follow(self, entry: InFlight, data: bytes, pos: int, end: int, n: int) -> None:
+        """The frame of ``entry`` starts at ``pos`` of the ``n`` bytes of ``data`` (and ends at
+        ``end``, maybe past them): copied (``FrameCopied``), measured (``ProduceMeasured``)
+        and watched (``ProduceWatched``) as its filters asked, from its first bytes on."""
+        api_key, api_version = entry.api_key, entry.api_version
+        more = end > n
+        limit = n if more else end
+        if self._copy_frame is not None and self._copy_frame(entry):
+            if more:
+                self._copying = (entry, [data[pos + 4 : n]])
+            else:
+                self._events.append(FrameCopied(entry, data[pos + 4 : end], pos + 4))
+        if self._measure and api_key == _PRODUCE and api_version >= 3:
+            parts: PartitionBytes = []
+            self._measuring = (entry, Walker(produce_request_walk(api_version, parts)), parts)
+            self._measure_more(data, limit, pos + 4, more)
+        if self._watch is not None and api_key == _PRODUCE:
+            self._watching = (entry, self._watch(api_version))
+            self._watch_start = pos + 4
+            self._watch_more(data, limit, pos + 4, more)
+
+    def _with_pending(self, data: bytes, progress: HeaderProgress | None
+                      ) -> tuple[bytes, HeaderProgress | None] | None:
+        """``data`` after the start of a frame kept in ``_pending``: the bytes to read on with
+        (and the header's progress), or None while its header (or, for a frame read whole,
+        the frame) is still incomplete, kept in ``_pending`` again.
+
+        Grown in place and tried again where the last attempt stopped, so that a header
+        arriving in many small reads costs time linear in its length; it is only copied out
+        once the header is complete (or fails)."""
+        pending, self._pending = self._pending, bytearray()
+        pending += data
+        n = len(pending)
+        if self._whole_until:  # a frame read whole: waits until it is
+            if n < self._whole_until:
+                self._pending = pending
+                return None
+            self._whole_until = 0
+            progress = None
+        if n >= 4:
+            size = INT32.unpack_from(pending, 0)[0]
+            check_size(size, self._max)
+            if 4 + size <= n:
+                return bytes(pending), progress
+            if progress is None:
+                progress = HeaderProgress()
+            if self._read_header(pending, 0, 4 + size, n, progress) is not None:
+                return bytes(pending), progress
+        self._pending, self._progress = pending, progress
+        return None
 
     def _read_header(
         self,

@@ -334,61 +334,75 @@ class ProxiedConnection(asyncio.Protocol):
                 return
             # Frames that may still be read before the bound on requests in flight
             room = self._max_in_flight - len(self.table)
-            if room <= 0 and (self.requests.reading_header or not self.requests.mid_frame):
+            if room <= 0 and (requests.reading_header or not requests.mid_frame):
                 # At the bound with no frame under way (bytes can arrive after reading paused):
                 # they stay unread until a response makes room.
-                self.requests.hold(data)
+                requests.hold(data)
                 self.client_gate.pause("serial")
                 return
             limited = serial or room <= 1
-            try:
-                forward, events = self.requests.feed(data, stop_after_frame=limited,
-                                                     max_frames=max(room, 1))
-            except ProtocolError as exc:
-                reason = exc.reason
-                if data[:3] in _TLS_HELLO and self.client.client_id is None:  # first bytes
-                    reason = "tls_on_plaintext_listener"
-                self.close(reason, detail=str(exc), side="client")
+            read = self._feed_requests(data, limited, room)
+            if read is None:
                 return
-            if self.requests.mid_frame:
+            forward, events = read
+            if requests.mid_frame:
                 if not was_mid or (events and any(type(e) is RequestRead for e in events)):
                     self.frame_started = now
             else:
                 self.frame_started = None
-            was_mid = self.requests.mid_frame
+            was_mid = requests.mid_frame
             self._handle_requests(forward, events)
             if self._refusing is not None:  # the rest is discarded (``refuse``)
                 return
             last = events[-1] if events else None
             if type(last) is ClientIdChanged:
-                # The read stopped before a frame of another client-id (a connection's first
-                # frame, or a client-id changed): that frame is gated by its own limits, the
-                # next turn of the loop judges them (``serial``, ``hold``), and with requests
-                # in flight it waits for their headroom as any frame of its client-id would.
-                self.client.client_id = last.client_id
-                self.requests.accept_client_id(last.client_id)
-                if self.table and not self._may_read_next():
-                    self.client_gate.pause("serial")
+                if not self._client_id_changed(last.client_id):
                     return
-                if self.client_gate.paused:
-                    return
-                data = b""
-                continue
-            if self.requests.mid_frame:  # a frame in progress goes on
-                return
-            if not limited:
-                if not self.requests.held:
-                    return
-                # the bound on requests in flight stopped this read
-                if len(self.table) >= self._max_in_flight:
-                    self.client_gate.pause("serial")
-                    return
-            if not self._may_read_next():  # wait for responses before reading more
+            elif requests.mid_frame or not self._read_on(limited):
+                return  # (a frame in progress goes on with the next read)
+            data = b""  # go on with the bytes held back
+
+    def _feed_requests(self, data: bytes, limited: bool, room: int
+              ) -> tuple[Buffer | bytearray, list[RequestEvent]] | None:
+        """``RequestStream.feed``, one frame at a time when ``limited``, else up to ``room``
+        frames; None once a malformed frame closed the connection."""
+        try:
+            return self.requests.feed(data, stop_after_frame=limited, max_frames=max(room, 1))
+        except ProtocolError as exc:
+            reason = exc.reason
+            if data[:3] in _TLS_HELLO and self.client.client_id is None:  # first bytes
+                reason = "tls_on_plaintext_listener"
+            self.close(reason, detail=str(exc), side="client")
+            return None
+
+    def _client_id_changed(self, client_id: str) -> bool:
+        """The read stopped before a frame of another client-id (a connection's first frame,
+        or a client-id changed): that frame is gated by its own limits, the next turn of the
+        read loop judges them (``serial``, ``hold``), and with requests in flight it waits for
+        their headroom as any frame of its client-id would. Whether to read on now."""
+        self.client.client_id = client_id
+        self.requests.accept_client_id(client_id)
+        if self.table and not self._may_read_next():
+            self.client_gate.pause("serial")
+            return False
+        return not self.client_gate.paused
+
+    def _read_on(self, limited: bool) -> bool:
+        """A read stopped between frames: whether to go on with the bytes held back now (else
+        the client's reading pauses until responses make room, or there is nothing held)."""
+        requests = self.requests
+        if not limited:
+            if not requests.held:
+                return False
+            # the bound on requests in flight stopped this read
+            if len(self.table) >= self._max_in_flight:
                 self.client_gate.pause("serial")
-                return
-            if not self.requests.held or self.client_gate.paused:  # (paused: the held bytes
-                return  # wait for the throttle or the backpressure to end)
-            data = b""  # go on with the held bytes
+                return False
+        if not self._may_read_next():  # wait for responses before reading more
+            self.client_gate.pause("serial")
+            return False
+        # (paused: the held bytes wait for the throttle or the backpressure to end)
+        return requests.held and not self.client_gate.paused
 
     def _intercepted(self, data: bytes) -> None:
         """``data_received`` until the client has authenticated with the proxy."""
