@@ -26,6 +26,7 @@ resource type, name) and the cache is dropped on every change.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable
 
 from kafka_quota_proxy.authorizer.acls import (
@@ -53,33 +54,41 @@ CACHE_MAX = 100_000  # decisions kept (the cache is dropped whole when it is ful
 class _TypeIndex:
     """The bindings of one resource type."""
 
-    __slots__ = ("literal", "prefix_lengths", "prefixed")
+    __slots__ = ("_length_counts", "literal", "prefix_lengths", "prefixed")
 
     def __init__(self) -> None:
         self.literal: dict[str, list[AclBinding]] = {}  # (``*`` among them)
         self.prefixed: dict[str, list[AclBinding]] = {}
-        self.prefix_lengths: list[int] = []  # the lengths of the prefixes in ``prefixed``
+        self.prefix_lengths: list[int] = []  # the lengths of the prefixes in ``prefixed``, sorted
+        self._length_counts: dict[int, int] = {}  # how many prefixes have each length
 
     def add(self, binding: AclBinding) -> None:
+        name = binding.name
         if binding.pattern_type is PatternType.PREFIXED:
-            if binding.name not in self.prefixed:
-                self.prefixed[binding.name] = []
-                self._lengths()
-            self.prefixed[binding.name].append(binding)
+            found = self.prefixed.get(name)
+            if found is None:
+                found = self.prefixed[name] = []
+                counts = self._length_counts
+                counts[len(name)] = counts.get(len(name), 0) + 1
+                if counts[len(name)] == 1:
+                    bisect.insort(self.prefix_lengths, len(name))
+            found.append(binding)
         else:
-            self.literal.setdefault(binding.name, []).append(binding)
+            self.literal.setdefault(name, []).append(binding)
 
     def remove(self, binding: AclBinding) -> None:
+        name = binding.name
         table = self.prefixed if binding.pattern_type is PatternType.PREFIXED else self.literal
-        found = table[binding.name]
+        found = table[name]
         found.remove(binding)
         if not found:
-            del table[binding.name]
+            del table[name]
             if table is self.prefixed:
-                self._lengths()
-
-    def _lengths(self) -> None:
-        self.prefix_lengths = sorted({len(name) for name in self.prefixed})
+                counts = self._length_counts
+                counts[len(name)] -= 1
+                if not counts[len(name)]:
+                    del counts[len(name)]
+                    self.prefix_lengths.remove(len(name))
 
     def matching(self, name: str) -> list[list[AclBinding]]:
         """The lists of bindings whose pattern matches the resource ``name``."""
