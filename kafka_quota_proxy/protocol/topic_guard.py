@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import Callable, Generator, Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from kafka_quota_proxy.protocol import apis
 from kafka_quota_proxy.protocol.decoded import response_body
@@ -39,6 +39,15 @@ from kafka_quota_proxy.protocol.topic_fields import TopicArray, TopicRef, encode
 PRODUCE = 0
 # What a guarded name's last byte becomes upstream: never allowed in a topic name
 SPOILED = ord("!")
+
+
+class RefusedTopics(Protocol):
+    """The topics a Produce frame may not name (``ProduceTopics``), asked as the frame holds
+    them: the proxy's own (``GuardedTopics``), or any a question per topic refuses."""
+
+    def refuses_name(self, raw: bytes) -> bool: ...
+
+    def refuses_id(self, raw: bytes) -> bool: ...
 
 
 class GuardedTopics:
@@ -70,6 +79,14 @@ class GuardedTopics:
     def ref_guarded(self, ref: TopicRef) -> bool:
         return self.guarded(ref.name, ref.topic_id)
 
+    def refuses_name(self, raw: bytes) -> bool:
+        """(``RefusedTopics``) A topic name as a Produce frame holds it, UTF-8."""
+        return raw in self.raw_names
+
+    def refuses_id(self, raw: bytes) -> bool:
+        """(``RefusedTopics``) A topic id as a Produce frame holds it, 16 bytes."""
+        return raw in self.raw_ids
+
     def in_frame(self, frame: bytes | bytearray | memoryview) -> bool:
         """The pre-filter: whether any guarded name or id is in ``frame`` (a hit may be
         anywhere, in a record or a longer name: the frame is then decoded)."""
@@ -87,11 +104,11 @@ class ProduceTopics:
 
     __slots__ = ("failed", "refused", "spoil", "walker")
 
-    def __init__(self, version: int, topics: GuardedTopics) -> None:
+    def __init__(self, version: int, topics: RefusedTopics) -> None:
         self.spoil: list[int] = []
         self.refused: list[tuple[str | None, uuid.UUID | None, list[int]]] = []
         self.failed = False
-        self.walker = Walker(self._walk(version, topics.raw_names, topics.raw_ids))
+        self.walker = Walker(self._walk(version, topics))
 
     def feed(self, buf: bytes | memoryview, start: int, end: int) -> None:
         if self.failed or self.walker.done:
@@ -105,8 +122,7 @@ class ProduceTopics:
     def done(self) -> bool:
         return self.walker.done
 
-    def _walk(self, version: int, names: frozenset[bytes], ids: frozenset[bytes]
-              ) -> Generator[int, bytes | None, None]:
+    def _walk(self, version: int, topics: RefusedTopics) -> Generator[int, bytes | None, None]:
         flexible = version >= 9
         yield -8  # api_key, api_version, correlation_id
         yield from _skip(max((yield from _int(2)), 0))  # client_id (nullable, classic)
@@ -122,7 +138,7 @@ class ProduceTopics:
             if version >= 13:
                 raw = yield 16
                 assert raw is not None
-                if raw in ids:
+                if topics.refuses_id(raw):
                     found = []
                     self.spoil.append(self.walker.at - 1)
                     self.refused.append((None, uuid.UUID(bytes=bytes(raw)), found))
@@ -131,7 +147,7 @@ class ProduceTopics:
                 if size > 0:
                     raw = yield size
                     assert raw is not None
-                    if raw in names:
+                    if topics.refuses_name(raw):
                         found = []
                         self.spoil.append(self.walker.at - 1)
                         self.refused.append((raw.decode(), None, found))

@@ -101,6 +101,36 @@ def test_a_guarded_topic_is_spoiled_before_it_is_forwarded(version: int, data: A
     assert watch.refused == [expected]
 
 
+class _Prefixed:
+    """A question per topic (``RefusedTopics``), as an ACL check is: names starting with
+    ``secret-``, and one id."""
+
+    def refuses_name(self, raw: bytes) -> bool:
+        return raw.startswith(b"secret-")
+
+    def refuses_id(self, raw: bytes) -> bool:
+        return raw == OTHER_ID.bytes
+
+
+@settings(max_examples=30, deadline=None)
+@given(version=st.sampled_from([3, 9, 13]), data=st.data())
+def test_the_walk_asks_any_question_per_topic(version: int, data: Any) -> None:
+    refused: str | uuid.UUID = "secret-plans" if version < 13 else OTHER_ID
+    kept: str | uuid.UUID = "public" if version < 13 else GUARDED_ID
+    original = _produce(version, [kept, refused, kept])
+    cuts = sorted(data.draw(st.lists(st.integers(1, len(original) - 1), max_size=8,
+                                     unique=True)))
+    stream = reading_stream(CorrelationTable(),
+                            watch_produce=lambda v: ProduceTopics(v, _Prefixed()))
+    out = b"".join(bytes(stream.feed(chunk)[0]) for chunk in split(original, cuts))
+    raw = refused.encode() if isinstance(refused, str) else refused.bytes
+    at = original.index(raw) + len(raw) - 1
+    assert out == original[:at] + bytes([SPOILED]) + original[at + 1:]
+    [(_, watch)] = stream.watched
+    expected = ("secret-plans", None, [0, 3]) if version < 13 else (None, OTHER_ID, [0, 3])
+    assert watch.refused == [expected]
+
+
 def test_frames_without_a_guarded_topic_pass_unchanged() -> None:
     original = _produce(9, [OTHER]) + _produce(9, [OTHER + "-2"], acks=0)
     # a record that holds the guarded name is not a topic: left alone
