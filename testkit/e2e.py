@@ -113,6 +113,8 @@ logging:
         )
         log.close()
         wait_for_port("127.0.0.1", self.bootstrap_port, 20)
+        # (the metrics endpoint opens just after the listeners: a test may read it at once)
+        wait_for_port("127.0.0.1", self.metrics_port, 20)
         return self
 
     def _limits(self) -> None:
