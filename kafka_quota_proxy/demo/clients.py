@@ -3,6 +3,7 @@ users (SASL SCRAM, terminated by the proxy), each in its own thread."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +36,8 @@ class ClientCounters:
     errors: list[str] = field(default_factory=list)
     seen: set[bytes] = field(default_factory=set)
     duplicates: int = 0
+    # (a consumer, when it stops) per partition: where it was and the high watermark then
+    positions: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 def produce(client: DemoClient, bootstrap: str, stop: threading.Event,
@@ -100,6 +103,10 @@ def consume(client: DemoClient, bootstrap: str, stop: threading.Event,
                         counters.duplicates += 1
                     counters.seen.add(key)
                     counters.consumed += 1
+        with contextlib.suppress(Exception):  # (only to tell a lag from a loss)
+            for tp in consumer.position([TopicPartition(TOPIC, p) for p in range(PARTITIONS)]):
+                high = consumer.get_watermark_offsets(tp, timeout=2)[1]
+                counters.positions[tp.partition] = (tp.offset, high)
     finally:
         consumer.close()
 

@@ -191,7 +191,9 @@ async def _run(seconds: float, out: Path) -> tuple[int, bool]:
     exact = lost == 0 and audit.duplicates == 0 and errors == 0
     print("every acknowledged message was consumed exactly once" if exact
           else f"MISMATCH: {lost} not consumed, {audit.duplicates} duplicates, "
-               f"errors {[e for c in counters.values() for e in c.errors][:3]}")
+               f"errors {[e for c in counters.values() for e in c.errors][:3]}; the audit "
+               "stopped at (position, high watermark) per partition "
+               f"{dict(sorted(audit.positions.items()))}")
     return (0 if exact else 1), any((out / "capture").glob("capture-*.parquet"))
 
 
