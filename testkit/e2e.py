@@ -197,10 +197,14 @@ class KafkaWire:
         self.sock = socket.create_connection(
             (host, port), timeout=timeout,
             source_address=(source, 0) if source is not None else None)
-        if preamble:
-            self.sock.sendall(preamble)
-        if ssl_context is not None:
-            self.sock = ssl_context.wrap_socket(self.sock, server_hostname=host)
+        try:
+            if preamble:
+                self.sock.sendall(preamble)
+            if ssl_context is not None:
+                self.sock = ssl_context.wrap_socket(self.sock, server_hostname=host)
+        except BaseException:
+            self.sock.close()  # (left open, it would warn in whichever test collects it)
+            raise
         self.client_id = client_id
         self._correlation = 0
 

@@ -108,9 +108,9 @@ def test_silent_tls_handshakes_count_against_max_connections(
                  what="the refusal counted")
         wait_for(lambda: _logged(p, "connections_refused", "max_connections"), 10,
                  what="the refusal logged")
-        with pytest.raises((ConnectionError, OSError)):
-            KafkaWire("127.0.0.1", port, timeout=5,
-                      ssl_context=certs.client_context()).request(18, 0)
+        with pytest.raises((ConnectionError, OSError)), KafkaWire(
+                "127.0.0.1", port, timeout=5, ssl_context=certs.client_context()) as wire:
+            wire.request(18, 0)
     finally:
         for s in silent:
             s.close()
