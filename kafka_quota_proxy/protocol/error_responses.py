@@ -311,11 +311,17 @@ def _list_groups(r: _Refusal) -> Any:
     return r.top(error_code=r.code, groups=())
 
 
-def _create_topics(r: _Refusal) -> Any:
-    cls = r.item("topics")
-    return r.top(topics=tuple(
+def _named_topics(r: _Refusal, array: str) -> Any:
+    """One result per topic the request names, under ``array``, with the error and its
+    message (CreateTopics, CreatePartitions)."""
+    cls = r.item(array)
+    return r.top(**{array: tuple(
         _make(cls, name=t.name, error_code=r.code, error_message=r.message)
-        for t in r.request.topics))
+        for t in r.request.topics)})
+
+
+def _create_topics(r: _Refusal) -> Any:
+    return _named_topics(r, "topics")
 
 
 def _delete_topics(r: _Refusal) -> Any:
@@ -397,10 +403,7 @@ def _alter_replica_log_dirs(r: _Refusal) -> Any:
 
 
 def _create_partitions(r: _Refusal) -> Any:
-    cls = r.item("results")
-    return r.top(results=tuple(
-        _make(cls, name=t.name, error_code=r.code, error_message=r.message)
-        for t in r.request.topics))
+    return _named_topics(r, "results")
 
 
 def _delete_groups(r: _Refusal) -> Any:
