@@ -3,6 +3,7 @@ schemas read them, every version the proxy answers (v1-v3)."""
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import pytest
@@ -80,7 +81,7 @@ def test_describe_responses_group_acls_by_resource(version: int, found: list[Acl
                                                    throttle: int) -> None:
     corr, value = _read(DESCRIBE_ACLS, version,
                         describe_response(version, 11, throttle, 0, None, found))
-    assert corr == 11 and value.throttle_time.total_seconds() * 1000 == throttle
+    assert corr == 11 and value.throttle_time == datetime.timedelta(milliseconds=throttle)
     back = [(r.resource_type, r.resource_name, r.pattern_type, a.principal, a.host,
              a.operation, a.permission_type) for r in value.resources for a in r.acls]
     assert sorted(back) == sorted(found)
