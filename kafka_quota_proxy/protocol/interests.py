@@ -46,7 +46,7 @@ class InterestTable:
     per listener; what the streams ask per frame is answered from plain sets and booleans (the
     enum's operators are Python-level code, too slow for the hot path)."""
 
-    __slots__ = ("_answered", "_request_frames", "_whole", "fetch_partitions",
+    __slots__ = ("_answered", "_request_frames", "_whole", "answered_keys", "fetch_partitions",
                  "produce_partitions", "produce_topics", "response_frames", "response_tails",
                  "wants_answered", "wants_request_frames", "wants_whole")
 
@@ -82,6 +82,10 @@ class InterestTable:
         self.wants_request_frames = bool(request_frames)
         self._answered = frozenset(answered)
         self.wants_answered = bool(answered)
+        # the APIs the proxy answers at some version: their frames never reach the broker, so
+        # they are read whole whatever their size (``request_stream``: at most
+        # ``WHOLE_FRAME_MAX``, else the connection closes)
+        self.answered_keys = frozenset(api_key for api_key, _ in answered)
         self._whole = frozenset(whole)
         self.wants_whole = bool(whole)
         self.produce_topics = bool(wanted & Interest.PRODUCE_TOPICS)

@@ -5,7 +5,7 @@ where the interest table asks, everything else forwarded as the same bytes."""
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, NamedTuple
 
 from kafka_quota_proxy.protocol import apis
@@ -88,6 +88,7 @@ class RequestStream:
     """
 
     __slots__ = (
+        "_answered_keys",
         "_copy_frame",
         "_copying",
         "_events",
@@ -117,6 +118,7 @@ class RequestStream:
         measure_produce: bool = False,
         whole: Callable[[int, int], bool] | None = None,
         watch_produce: Callable[[int], Any] | None = None,
+        answered_keys: Collection[int] = frozenset(apis.ANSWERED_BY_PROXY),
     ) -> None:
         self._table = table
         # ``whole(api_key, api_version)`` True: the frame is read whole before any of it is
@@ -125,6 +127,10 @@ class RequestStream:
         # waits for.
         self._whole = whole
         self._whole_until = 0
+        # ``answered_keys``: the APIs the proxy answers itself (``InterestTable.answered_keys``):
+        # a frame of one that ``whole`` asks for is read whole above ``WHOLE_FRAME_MAX`` too,
+        # which refuses it (``FrameTooLarge``) rather than let it through cut-through
+        self._answered_keys = answered_keys
         self._max = max_frame_bytes
         self._remaining = 0  # bytes of the current frame still to pass through
         # The start of a frame whose header is not complete yet (grown in place, so that a
@@ -325,7 +331,7 @@ class RequestStream:
             api_key = header.api_key
             if (end > n and self._whole is not None
                     and self._whole(api_key, header.api_version)
-                    and (size <= WHOLE_FRAME_MAX or api_key in apis.ANSWERED_BY_PROXY)):
+                    and (size <= WHOLE_FRAME_MAX or api_key in self._answered_keys)):
                 # (a larger frame of an API the broker answers goes through cut-through, its
                 # filters told it cannot be patched; one the proxy answers must not reach it)
                 if size > WHOLE_FRAME_MAX:

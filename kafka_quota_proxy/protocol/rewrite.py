@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any, Protocol
 
@@ -225,11 +225,12 @@ def cap_api_versions(
     body: bytes,
     version: int,
     offered: Callable[[int, int, int], tuple[int, int] | None] = apis.offered_range,
+    answered: Mapping[int, tuple[int, int]] = apis.ANSWERED_BY_PROXY,
 ) -> bytes:
     """Edit an ApiVersions response body's ``api_keys`` array (see module docstring):
     ``offered(api_key, min, max)`` gives the range to advertise, or None to drop the API; the
-    APIs the proxy answers itself (``apis.ANSWERED_BY_PROXY``) are advertised at its range,
-    whatever the broker offers (after the broker's entries)."""
+    APIs the proxy answers itself (``answered``: by default ``apis.ANSWERED_BY_PROXY``) are
+    advertised at its range, whatever the broker offers (after the broker's entries)."""
     flexible = version >= 3
     pos = 2  # error_code
     if flexible:
@@ -248,7 +249,7 @@ def cap_api_versions(
         tag_start = pos
         if flexible:
             pos = skip_tagged_fields(body, pos)
-        if api_key in apis.ANSWERED_BY_PROXY:
+        if api_key in answered:
             continue  # (added below, at the proxy's range)
         kept_range = offered(api_key, lo, hi)
         if kept_range is None:
@@ -263,7 +264,7 @@ def cap_api_versions(
                          + body[tag_start:pos]))
     if pos > len(body):
         raise IndexError("api versions response truncated")
-    for api_key, (lo, hi) in apis.ANSWERED_BY_PROXY.items():
+    for api_key, (lo, hi) in answered.items():
         kept.append((api_key, INT16.pack(api_key) + INT16.pack(lo) + INT16.pack(hi)
                      + (b"\x00" if flexible else b"")))
     length = write_uvarint(len(kept) + 1) if flexible else INT32.pack(len(kept))
@@ -333,6 +334,9 @@ class ResponseRewriter:
         # (entry, frame) -> the response with what a filter took out of the request
         # (``entry.refused``) answered (the topic guard); called first, for those entries
         self.amend: Callable[[InFlight, bytes | memoryview], bytes | None] | None = None
+        # the APIs this listener's proxy answers itself and their versions, advertised in
+        # ApiVersions whatever the broker offers (features add theirs: the ACL admin APIs)
+        self.answered: dict[int, tuple[int, int]] = dict(apis.ANSWERED_BY_PROXY)
 
     def rewrite_tail(self, entry: InFlight, tail: bytes) -> bytes:
         """Rewrite the top-level tagged fields ``tail`` of a streamed response into exactly
@@ -439,7 +443,8 @@ class ResponseRewriter:
             if api_key == ApiKey.API_VERSIONS:
                 # A broker that does not support the requested version answers with v0.
                 error_code = INT16.unpack_from(body, 0)[0]
-                return head + cap_api_versions(body, 0 if error_code == 35 else version)
+                return head + cap_api_versions(body, 0 if error_code == 35 else version,
+                                               answered=self.answered)
             value = decode_response(api_key, version, body)
             decoded = value
             if api_key == ApiKey.METADATA:

@@ -97,7 +97,8 @@ class ProxiedConnection(asyncio.Protocol):
             self.table, net.max_frame_bytes,
             request_frame if interests.wants_request_frames else None,
             measure_produce=interests.produce_partitions,
-            whole=interests.whole if interests.wants_whole else None)
+            whole=interests.whole if interests.wants_whole else None,
+            answered_keys=interests.answered_keys)
         self.requests.gate_client_ids()  # each request judged by its own header's client-id
         self.chain = FilterChain([make(self) for make in ctx.filters])
         # the filter that follows Produce frames as they pass (the topic guard)
