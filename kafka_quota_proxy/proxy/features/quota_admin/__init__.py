@@ -39,7 +39,8 @@ class QuotaAdminFeature(Feature):
         return self.admin.overrides
 
     def filters(self, scope: int) -> list[tuple[type[Filter], FilterFactory]]:
-        return [(QuotaAdminFilter, partial(QuotaAdminFilter, admin=self.admin))]
+        return [(QuotaAdminFilter, partial(QuotaAdminFilter, admin=self.admin,
+                                           acls=self.runtime.acls))]
 
     def subscriptions(self) -> list[Subscription]:
         if not self.runtime.config.quotas.overrides.enabled:
@@ -48,7 +49,7 @@ class QuotaAdminFeature(Feature):
 
     def start(self, runtime: Runtime) -> None:
         self.admin.client_options = runtime.client_options
-        runtime.spawn(self.admin.prepare())
+        runtime.spawn(self.admin.prepare(with_acls=runtime.acls is not None))
 
     def metric_families(self) -> Iterator[Any]:
         return self.admin.metric_families()

@@ -149,12 +149,13 @@ class ClientQuotaAdmin:
                                "quota_overrides")
             self._topic_made = True
 
-    async def prepare(self) -> None:
-        """At start, for a proxy that admins may alter through: the topic made now, so that
-        every proxy reads it from the first alter on (a topic made later is found at the
-        readers' next check). A cluster that cannot be reached is logged; the first alter
-        tries again."""
-        if not (self.config.admin_principals and self.config.overrides.enabled):
+    async def prepare(self, with_acls: bool = False) -> None:
+        """At start, for a proxy that admins may alter through (``admin_principals``, or
+        anyone the ACLs allow ALTER_CONFIGS on the cluster: ``with_acls``): the topic made
+        now, so that every proxy reads it from the first alter on (a topic made later is
+        found at the readers' next check). A cluster that cannot be reached is logged; the
+        first alter tries again."""
+        if not ((with_acls or self.config.admin_principals) and self.config.overrides.enabled):
             return
         try:
             await self.ensure_topic()

@@ -5,17 +5,21 @@ answer in its place among the broker's responses (``protocol.response_stream``).
 Describe answers from the merged view (YAML entities and altered overrides) with Kafka's
 filter rules; Alter validates as Kafka's controller does, writes the accepted changes to the
 overrides topic and answers once the cluster has them: until then the connection's responses
-wait (the answer, and the broker's after it). Only ``quotas.admin_principals`` may alter (others get
-CLUSTER_AUTHORIZATION_FAILED per entry, as Kafka answers); ``describe_principals`` may also
-describe (others get it as the top-level error).
+wait (the answer, and the broker's after it). Who may: with ACLs on (``acls:``), as Kafka
+asks, ALTER_CONFIGS on the cluster to alter and DESCRIBE_CONFIGS on it to describe; without
+them, ``quotas.admin_principals`` may alter and ``describe_principals`` may also describe.
+Others get CLUSTER_AUTHORIZATION_FAILED, per entry for an alter and as the top-level error for
+a describe, as Kafka answers.
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 import structlog
 
+from kafka_quota_proxy.authorizer.acls import AclOperation
 from kafka_quota_proxy.protocol import apis
 from kafka_quota_proxy.protocol.client_quota_frames import (
     DESCRIBE_CLIENT_QUOTAS,
@@ -40,6 +44,9 @@ from kafka_quota_proxy.quota.client_quotas import (
     describe,
 )
 
+if TYPE_CHECKING:
+    from kafka_quota_proxy.proxy.features.acls.state import Acls
+
 log = structlog.get_logger("kafka_quota_proxy.quota_admin")
 
 CLUSTER_AUTHORIZATION_FAILED = 31
@@ -56,10 +63,23 @@ class QuotaAdminFilter(Filter):
             return Interest.ANSWERED
         return Interest.NONE
 
-    def __init__(self, host: FilterHost, admin: ClientQuotaAdmin) -> None:
+    def __init__(self, host: FilterHost, admin: ClientQuotaAdmin, acls: Acls | None = None
+                 ) -> None:
         self.host = host
         self.admin = admin
+        self.acls = acls  # with ACLs on, they say who may (else the quotas' principals)
         self._writes: set[asyncio.Task[None]] = set()
+
+    def _may(self, operation: AclOperation, api: str) -> bool:
+        """DESCRIBE_CONFIGS (describe) or ALTER_CONFIGS (alter) on the cluster with ACLs on;
+        else ``quotas.describe_principals`` / ``admin_principals``."""
+        client = self.host.client
+        if self.acls is not None:
+            return self.acls.access(client.user, client.peer_ip).cluster(operation, api)
+        config = self.admin.config
+        if operation is AclOperation.ALTER_CONFIGS:
+            return config.may_alter(client.user)
+        return config.may_describe(client.user)
 
     def request_frame(self, entry: InFlight, frame: bytes, patchable: bool) -> bytes | None:
         if entry.answer is not None or not self.interests(entry.api_key, entry.api_version):
@@ -82,7 +102,7 @@ class QuotaAdminFilter(Filter):
         version, cid = entry.api_version, entry.correlation_id
         request = decode_describe(frame, version)
         admin = self.admin
-        if not admin.config.may_describe(self.host.client.user):
+        if not self._may(AclOperation.DESCRIBE_CONFIGS, "DescribeClientQuotas"):
             admin.describes["refused"] += 1
             return describe_response(version, cid, 0, CLUSTER_AUTHORIZATION_FAILED, None, None)
         try:
@@ -102,7 +122,7 @@ class QuotaAdminFilter(Filter):
         request = decode_alter(frame, version)
         admin = self.admin
         user = self.host.client.user
-        if not admin.config.may_alter(user):
+        if not self._may(AclOperation.ALTER_CONFIGS, "AlterClientQuotas"):
             admin.alters["refused"] += 1
             log.warning("quota_alter_refused", principal=user, client_id=entry.client_id)
             return alter_response(version, cid, 0, [
