@@ -32,6 +32,8 @@ from kafka_quota_proxy.authorizer.acls import (
     normal_host,
 )
 
+DEFAULT_TOPIC = "__kafka_quota_proxy_acls"
+
 _RESOURCES = {
     "topic": ResourceType.TOPIC,
     "group": ResourceType.GROUP,
@@ -138,6 +140,12 @@ class AclsConfig(_Model):
     bindings: list[AclBindingConfig] = Field(
         default=[], description="The base ACLs; CreateAcls and DeleteAcls change the "
         "dynamic ones kept in the cluster.")
+    topic: str = Field(
+        default=DEFAULT_TOPIC, min_length=1, max_length=249, pattern=r"^[a-zA-Z0-9._-]+$",
+        description="The compacted topic holding the ACLs created and deleted through the "
+        "Admin API (CreateAcls, DeleteAcls), read by every proxy; refused to every client.")
+    create_topic: bool = Field(
+        default=True, description="Create the ACL topic (compacted) when it does not exist.")
 
     @field_validator("super_users")
     @classmethod

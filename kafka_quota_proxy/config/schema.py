@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from kafka_quota_proxy.config.acls import AclsConfig
 from kafka_quota_proxy.config.security import ClientTlsConfig, ListenerSecurity, UpstreamSaslConfig
 from kafka_quota_proxy.protocol.framing import DEFAULT_MAX_FRAME_BYTES
 from kafka_quota_proxy.quota.client_quotas import (
@@ -754,6 +755,10 @@ class ProxyConfig(_Model):
     capture: CaptureConfig | None = None
     storage: StorageConfig | None = None
     coordination: CoordinationConfig = CoordinationConfig()
+    acls: AclsConfig | None = Field(
+        default=None, description="Authorization at the proxy with Kafka's ACL semantics "
+        "(docs/acls.md); off when absent. Turning it on or off needs a restart; its bindings "
+        "and super users reload.")
 
 
 class AgentFile(_Model):
@@ -769,6 +774,9 @@ class AgentFile(_Model):
     quotas: Any = None
     racks: Any = None
     capture: Any = None
+    acls: Any = None
+    coordination: Any = None
+    workers: Any = None
 
     @model_validator(mode="after")
     def _agent(self) -> AgentFile:

@@ -28,6 +28,7 @@ def summarize(config: ProxyConfig) -> str:
            f"{config.storage.hard.level:g}, when data is missing {config.storage.on_missing}"
            if config.storage else "off"),
         "shared budgets     : " + _coordination(config),
+        "ACLs               : " + _acls(config),
     ]
     for name, kind in config.listeners.kinds():
         security = kind.security
@@ -48,6 +49,17 @@ def summarize(config: ProxyConfig) -> str:
                  + (f", SASL {upstream.sasl.mechanism} as {upstream.sasl.username}"
                     if upstream.sasl else ""))
     return "\n".join(lines)
+
+
+def _acls(config: ProxyConfig) -> str:
+    acls = config.acls
+    if acls is None:
+        return "off (every client may do what the proxy's own principal may)"
+    n = len(acls.all_bindings())
+    return (f"on, {n} binding{'s' if n != 1 else ''} in the config, super users "
+            f"{', '.join(acls.super_users) or 'none'}, "
+            f"{'open' if acls.allow_everyone_if_no_acl_found else 'closed'} where no ACL is "
+            f"found, dynamic ACLs in topic {acls.topic}")
 
 
 def _coordination(config: ProxyConfig) -> str:

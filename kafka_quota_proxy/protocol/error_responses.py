@@ -9,7 +9,7 @@ for the APIs a group, transactional id or cluster check refuses whole: the top-l
 fields Kafka sets, and, where Kafka mirrors the request's items (topics and partitions,
 groups, resources, ACL creations and filters, transactional ids, coordinator keys), one
 result per item with the error on it, in the request's order. Every field Kafka leaves
-alone keeps its spec default (else 0, an empty string or array, null records); the throttle
+alone keeps its spec default (else 0, an empty string or array, empty records); the throttle
 time is 0.
 
 ``error_message`` fields that Kafka fills get the ``Errors`` enum's message for the code
@@ -93,7 +93,7 @@ def _is_array(hint: Any) -> bool:
 
 def _default(hint: Any) -> Any:
     """The value Kafka's generated message classes start a field with when its spec gives no
-    default: 0, false, an empty string, bytes or array, the zero uuid, null records."""
+    default: 0, false, an empty string, bytes or array, the zero uuid, empty records."""
     if _is_array(hint):
         return ()
     t = _parts(hint)[0]
@@ -108,8 +108,8 @@ def _default(hint: Any) -> Any:
             return t(0)
         if issubclass(t, str):
             return t("")
-        if t.__name__ == "Records":
-            return None
+        if t.__name__ == "Records":  # (empty, as Kafka's MemoryRecords.EMPTY: not null)
+            return b""
         if issubclass(t, bytes):
             return b""
         if issubclass(t, datetime.timedelta):

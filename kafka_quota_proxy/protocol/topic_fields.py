@@ -385,7 +385,9 @@ def _zero(hint: Any, name: str) -> Any:
     if _is_array(hint):
         return None if name in ("aborted_transactions",) and optional else ()
     t = types[0]
-    if optional and (name in ("records", "error_message") or t is not str):
+    if name == "records":  # (empty, not null, as Kafka's error results: clients refuse null)
+        return b""
+    if optional and (name == "error_message" or t is not str):
         return None
     if t is ErrorCode:
         return ErrorCode(0)

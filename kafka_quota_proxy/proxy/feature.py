@@ -52,6 +52,9 @@ class Runtime(Protocol):
     config: ProxyConfig
     stats: ProxyStats
     quotas: QuotaEnforcer  # the byte-rate and request budgets every feature shares
+    # the ACLs in force (``acls:``): a ``proxy.features.acls.state.Acls``, or None (off);
+    # typed loosely, as this module may not import the features back
+    acls: Any
     process: str  # this process's id (``proxy.features.coordination.own_process_id``)
     worker: int | None  # this process's index among ``proxy.workers`` (None: the only one)
     processes: int  # the processes of this instance (``workers``)

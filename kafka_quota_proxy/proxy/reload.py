@@ -70,14 +70,17 @@ class ConfigReload:
     def apply(self, new: ProxyConfig) -> None:
         proxy = self.proxy
         old = proxy.config
+        live = ["quotas"]
+        if (new.acls is None) == (old.acls is None):  # bindings reload; on/off: a restart
+            live.append("acls")
         ignored = [name for name in ProxyConfig.model_fields
-                   if name != "quotas" and getattr(new, name) != getattr(old, name)]
+                   if name not in live and getattr(new, name) != getattr(old, name)]
         if "listeners" in ignored and (listeners_without_rates(new.listeners)
                                        == listeners_without_rates(old.listeners)):
             ignored.remove("listeners")  # only max_connection_creation_rate: applied live
         for feature in proxy.features:
             feature.reload(new)
-        proxy.config = old.model_copy(update={"quotas": new.quotas})
+        proxy.config = old.model_copy(update={name: getattr(new, name) for name in live})
         if new.quotas != old.quotas:
             proxy.reconfigure()
         proxy.stats.reloads["success"] += 1

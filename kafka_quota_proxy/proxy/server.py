@@ -29,6 +29,7 @@ from kafka_quota_proxy.proxy.cluster_topics import TopicReader
 from kafka_quota_proxy.proxy.connections import Connections
 from kafka_quota_proxy.proxy.feature import Feature
 from kafka_quota_proxy.proxy.features import make_features
+from kafka_quota_proxy.proxy.features.acls.state import Acls
 from kafka_quota_proxy.proxy.features.capture import CaptureError
 from kafka_quota_proxy.proxy.features.connection_rates import ConnectionRateGuard
 from kafka_quota_proxy.proxy.features.coordination import own_process_id
@@ -100,6 +101,8 @@ class Proxy:
         # the budgets every feature shares (quotas, storage, coordination, capture)
         self.quotas = QuotaEnforcer(config.quotas.settings(),
                                     int(config.quotas.sensor_idle_expiry_seconds * 1000))
+        # the ACLs (the topic guard asks them per topic, the ACL feature per request)
+        self.acls = Acls(config.acls) if config.acls is not None else None
         self.servers: dict[str, Server] = {}
         self.fd_limit = fd_limit()
         self.max_connections = config.network.max_connections or max(

@@ -1,8 +1,10 @@
 """The proxy's features (``proxy.feature``), each in its own folder or file: the feature, its
 request-path filter and what they share.
 
-``FEATURES`` makes them, in the order of their filters on every connection: the topic guard
-first (the features after it see requests without the proxy's topics), then the quotas, the
+``FEATURES`` makes them, in the order of their filters on every connection: the ACLs' checks
+on whole requests and the ACL admin APIs first (a denied request is answered before anything
+else looks at it), the topic guard next (the features after it see requests without the
+proxy's topics, nor those the ACLs deny), then the quotas, the
 answers the proxy makes, the controller mutation quota, storage throttling, fetch routing and
 the capture (which records what the quotas decided). Coordination and connection rates have
 no filter: one shares the quotas' budgets, the other works at accept.
@@ -13,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kafka_quota_proxy.proxy.feature import Feature, Runtime
+from kafka_quota_proxy.proxy.features.acls import AclsFeature
 from kafka_quota_proxy.proxy.features.capture import CaptureFeature
 from kafka_quota_proxy.proxy.features.connection_rates import ConnectionRateGuard
 from kafka_quota_proxy.proxy.features.controller_mutation import ControllerMutationFeature
@@ -24,6 +27,7 @@ from kafka_quota_proxy.proxy.features.storage import StorageFeature
 from kafka_quota_proxy.proxy.features.topic_guard import TopicGuardFeature
 
 FEATURES: tuple[Callable[[Runtime], Feature | None], ...] = (
+    AclsFeature.make,
     TopicGuardFeature.make,
     QuotasFeature.make,
     QuotaAdminFeature.make,

@@ -151,7 +151,7 @@ def _fetch(v: int, req: Any, resp: Any, code: int) -> None:
               req_parts="partitions", resp_parts="partitions", req_index="partition",
               resp_index="partition_index", code=code, high_watermark=-1,
               last_stable_offset=-1, log_start_offset=-1, preferred_read_replica=-1,
-              records=None)
+              records=b"")
 
 
 def _list_offsets(v: int, req: Any, resp: Any, code: int) -> None:

@@ -215,7 +215,7 @@ def test_a_follower_fetch_is_answered_with_every_partition_refused() -> None:
     assert [(t.topic, p.partition_index, int(p.error_code), p.high_watermark,
              p.last_stable_offset, p.log_start_offset, p.records, p.preferred_read_replica)
             for t in answer.responses for p in t.partitions] == [
-        (OTHER, p, TOPIC_AUTHORIZATION_FAILED, -1, -1, -1, None, -1) for p in (0, 1)]
+        (OTHER, p, TOPIC_AUTHORIZATION_FAILED, -1, -1, -1, b"", -1) for p in (0, 1)]
 
 
 def test_the_replica_state_tag_names_a_follower_from_v15() -> None:

@@ -14,6 +14,7 @@ from kafka_quota_proxy.proxy.features.topic_guard.guard import TopicGuard, guard
 
 if TYPE_CHECKING:
     from kafka_quota_proxy.protocol.rewrite import ResponseRewriter
+    from kafka_quota_proxy.proxy.features.acls.state import Acls
     from kafka_quota_proxy.proxy.filters.base import Filter, FilterFactory
 
 __all__ = ["TopicGuard", "TopicGuardFeature", "TopicGuardFilter"]
@@ -24,13 +25,14 @@ class TopicGuardFeature(Feature):
 
     @classmethod
     def make(cls, runtime: Runtime) -> TopicGuardFeature:
-        return cls(TopicGuard(guarded_names(runtime.config)))
+        return cls(TopicGuard(guarded_names(runtime.config)), runtime.acls)
 
-    def __init__(self, guard: TopicGuard) -> None:
+    def __init__(self, guard: TopicGuard, acls: Acls | None = None) -> None:
         self.guard = guard
+        self.acls = acls  # the topics each client may name, beside the proxy's own
 
     def filters(self, scope: int) -> list[tuple[type[Filter], FilterFactory]]:
-        return [(TopicGuardFilter, partial(TopicGuardFilter, guard=self.guard))]
+        return [(TopicGuardFilter, partial(TopicGuardFilter, guard=self.guard, acls=self.acls))]
 
     def attach(self, rewriter: ResponseRewriter) -> None:
         rewriter.metadata_filter = self.guard.filter_metadata

@@ -21,7 +21,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import struct
+from typing import TYPE_CHECKING
 
 from kafka_quota_proxy.protocol import apis
 from kafka_quota_proxy.protocol.correlation import InFlight
@@ -33,6 +35,8 @@ from kafka_quota_proxy.protocol.topic_fields import (
     HANDLING,
     LeftOut,
     MetadataHandling,
+    TopicRef,
+    TopicRequest,
     Unguarded,
     answer_whole,
     encode,
@@ -43,6 +47,7 @@ from kafka_quota_proxy.protocol.topic_fields import (
     without,
 )
 from kafka_quota_proxy.protocol.topic_guard import ProduceTopics
+from kafka_quota_proxy.proxy.features.acls.topics import TOPIC_OPERATION, TopicAccess
 from kafka_quota_proxy.proxy.features.topic_guard.guard import (
     OMIT,
     Metadata,
@@ -52,6 +57,9 @@ from kafka_quota_proxy.proxy.features.topic_guard.guard import (
 )
 from kafka_quota_proxy.proxy.filters.base import Filter, FilterHost
 from kafka_quota_proxy.proxy.logs import get_logger
+
+if TYPE_CHECKING:
+    from kafka_quota_proxy.proxy.features.acls.state import Acls
 
 log = get_logger("kafka_quota_proxy.topic_guard")
 
@@ -75,14 +83,31 @@ class TopicGuardFilter(Filter):
             return Interest.NONE
         return Interest.REQUEST_FRAME | Interest.WHOLE_REQUEST
 
-    def __init__(self, host: FilterHost, guard: TopicGuard) -> None:
+    def __init__(self, host: FilterHost, guard: TopicGuard, acls: Acls | None = None) -> None:
         self.host = host
         self.guard = guard
+        self.acls = acls
+        self._access: TopicAccess | None = None
+        self._access_for: tuple[str, str | None] | None = None
+
+    def _topic_access(self) -> TopicAccess | None:
+        """The ACL checks on this connection's topics (None: ACLs off, or a super user)."""
+        acls = self.acls
+        if acls is None:
+            return None
+        client = self.host.client
+        if self._access_for != (client.user, client.peer_ip):
+            self._access_for = (client.user, client.peer_ip)
+            access = acls.access(client.user, client.peer_ip)
+            self._access = None if access.super_user else TopicAccess(access, self.guard.topics)
+        return self._access
 
     # ------------------------------------------------------------------ Produce
     def watch_produce(self, version: int) -> ProduceTopics:
-        """Follows one Produce frame (``RequestStream``'s ``watch_produce``)."""
-        return ProduceTopics(version, self.guard.topics)
+        """Follows one Produce frame (``RequestStream``'s ``watch_produce``): the guarded
+        topics refused, and those the ACLs do not let this client write."""
+        access = self._topic_access()
+        return ProduceTopics(version, self.guard.topics if access is None else access)
 
     def produce_watched(self, entry: InFlight, watch: ProduceTopics) -> None:
         """A Produce frame followed to its end named a guarded topic, or did not parse.
@@ -103,10 +128,12 @@ class TopicGuardFilter(Filter):
             self.host.refuse(entry, "malformed_frame",
                              "Produce request does not parse (topic guard)")
             return
-        guard.count("produce")
-        log.warning("guarded_topic_refused", api="produce", principal=self.host.client.user,
-                    client_id=entry.client_id,
-                    topics=[n or str(i) for n, i, _ in watch.refused])
+        guarded = [n or str(i) for n, i, _ in watch.refused if guard.topics.guarded(n, i)]
+        if guarded:  # (the ACLs count and log their denials themselves)
+            guard.count("produce")
+            log.warning("guarded_topic_refused", api="produce",
+                        principal=self.host.client.user, client_id=entry.client_id,
+                        topics=guarded)
         if entry.api_version < 3 and entry.expects_response:  # (no schema to answer with)
             self._close(entry, "produce_version")
             return
@@ -122,6 +149,9 @@ class TopicGuardFilter(Filter):
         topics = self.guard.topics
         if isinstance(HANDLING[key], LeftOut):  # (its response may list them all the same)
             entry.refused = OMIT
+        access = self._topic_access()
+        if access is not None and key in TOPIC_OPERATION:
+            return self._authorize(entry, frame, patchable, access)
         if not topics.in_frame(frame):
             return None
         version = entry.api_version
@@ -134,17 +164,76 @@ class TopicGuardFilter(Filter):
         except MalformedFrame:
             return None  # the broker answers it (or closes) as it would
         refused = [r for r in request.refs if topics.ref_guarded(r)]
+        return self._refuse(entry, frame, patchable, request, refused)
+
+    def _authorize(self, entry: InFlight, frame: bytes, patchable: bool,
+                   access: TopicAccess) -> bytes | None:
+        """The topics this API names, each checked against the guarded topics and the ACLs
+        (every frame decoded: the check needs its names)."""
+        key, version = entry.api_key, entry.api_version
+        low, high = apis.kio_version_range(key)
+        if not low <= version <= high:
+            self._close(entry, "version_not_decoded")
+            return None
+        try:
+            request = read_topics(frame, key, version)
+        except MalformedFrame:
+            return None  # the broker answers it (or closes) as it would
+        refused = [r for r in request.refs if access.refused(key, r.name, r.topic_id)]
+        if key == _METADATA:
+            return self._metadata(entry, frame, patchable, request, refused, access)
+        return self._refuse(entry, frame, patchable, request, refused)
+
+    def _metadata(self, entry: InFlight, frame: bytes, patchable: bool,
+                  request: TopicRequest, refused: list[TopicRef],
+                  access: TopicAccess) -> bytes | None:
+        """Metadata under ACLs: named topics not describable answered 29, the others left
+        out of a listing of all topics (``Metadata.hidden``); auto-creation only with CREATE
+        (else the request goes on without it: a missing topic is UNKNOWN_TOPIC_OR_PARTITION)."""
+        version = entry.api_version
+        value = request.value
+        creates = version >= 4 and value.allow_auto_topic_creation
+        no_create = creates and any(
+            not access.may_create(r.name) for r in request.refs
+            if r.name is not None and r not in refused)
+        if not refused and not no_create:
+            entry.refused = Metadata([], False, access.hidden)
+            return None
+        if not patchable:
+            self._close(entry, "frame_too_large")
+            return None
+        if refused:
+            self._log_refused(entry, refused)
+        value = metadata_without(value, version, refused)
+        if no_create:
+            value = dataclasses.replace(value, allow_auto_topic_creation=False)
+        only = version == 0 and metadata_request_topics(value, version) is None
+        entry.refused = Metadata(refused, only, access.hidden)
+        return bytes(frame[: request.header_size]) + encode(value)
+
+    def _log_refused(self, entry: InFlight, refused: list[TopicRef]) -> None:
+        """Counted and logged where the proxy's own topics were named (the ACLs count and
+        log their denials themselves)."""
+        guarded = [r for r in refused if self.guard.topics.ref_guarded(r)]
+        if not guarded:
+            return
+        label = apis.api_name(entry.api_key)
+        self.guard.count(label)
+        log.warning("guarded_topic_refused", api=label, principal=self.host.client.user,
+                    client_id=entry.client_id,
+                    topics=sorted({r.name or str(r.topic_id) for r in guarded}))
+
+    def _refuse(self, entry: InFlight, frame: bytes, patchable: bool,
+                request: TopicRequest, refused: list[TopicRef]) -> bytes | None:
+        """The request without ``refused``, their results to be merged into the broker's
+        answer (or answered whole by the proxy when nothing else is left)."""
+        key, version = entry.api_key, entry.api_version
         if not refused:
             return None
         if not patchable:
             self._close(entry, "frame_too_large")
             return None
-        guard = self.guard
-        label = apis.api_name(key)
-        guard.count(label)
-        log.warning("guarded_topic_refused", api=label, principal=self.host.client.user,
-                    client_id=entry.client_id,
-                    topics=sorted({r.name or str(r.topic_id) for r in refused}))
+        self._log_refused(entry, refused)
         handling = HANDLING[key]
         if isinstance(handling, MetadataHandling):
             value = metadata_without(request.value, version, refused)

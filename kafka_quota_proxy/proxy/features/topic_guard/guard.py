@@ -14,7 +14,7 @@ the ids learnt, the response amendments and the figures.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily
@@ -43,6 +43,8 @@ def guarded_names(config: ProxyConfig) -> list[str]:
     this proxy has no storage section: a volume agent may publish there all the same)."""
     names = [config.quotas.overrides.topic, config.coordination.topic,
              config.storage.topic if config.storage is not None else DEFAULT_VOLUMES_TOPIC]
+    if config.acls is not None:
+        names.append(config.acls.topic)
     return sorted(set(names))
 
 
@@ -65,13 +67,16 @@ class Results:
 
 
 class Metadata:
-    """``InFlight.refused`` of a Metadata request that named guarded topics."""
+    """``InFlight.refused`` of a Metadata request that named guarded topics, or of any
+    Metadata request under ACLs (``hidden``: what this client may not see of the topics)."""
 
-    __slots__ = ("only_refused", "refs")
+    __slots__ = ("hidden", "only_refused", "refs")
 
-    def __init__(self, refs: list[TopicRef], only_refused: bool) -> None:
+    def __init__(self, refs: list[TopicRef], only_refused: bool,
+                 hidden: Callable[[str | None, uuid.UUID | None], bool] | None = None) -> None:
         self.refs = refs
         self.only_refused = only_refused
+        self.hidden = hidden
 
 
 class Omit:
@@ -105,6 +110,9 @@ class TopicGuard:
         """The broker's response to a request forwarded without guarded topics, with their
         results added (``ResponseRewriter.amend``)."""
         refused = entry.refused
+        amendment = getattr(refused, "amend", None)  # (another feature's: ACLs' lists)
+        if amendment is not None:
+            return amendment(entry, frame)  # type: ignore[no-any-return]
         if isinstance(refused, Produce):
             return produce_with_refused(frame, entry.api_version, refused.topics)
         if isinstance(refused, Results):
@@ -123,8 +131,9 @@ class TopicGuard:
             if t.name in topics.names:
                 self.learn(t.name, getattr(t, "topic_id", None))
         refused = entry.refused if isinstance(entry.refused, Metadata) else None
+        hidden = topics.guarded if refused is None or refused.hidden is None else refused.hidden
         return metadata_amended(value, entry.api_version, refused.refs if refused else (),
-                                topics.guarded, refused.only_refused if refused else False)
+                                hidden, refused.only_refused if refused else False)
 
     # ------------------------------------------------------------------ figures
     def metric_families(self) -> Iterator[Any]:

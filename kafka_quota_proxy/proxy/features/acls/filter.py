@@ -1,0 +1,273 @@
+"""The ACL checks on whole requests (``docs/acls.md``): the cluster, the request's group or
+transactional id, each group or transactional id a request lists, and the config resources
+of the cluster and of groups, in Kafka's order (``authorizer.api_checks``). A denied request
+is answered by the proxy with the response Kafka's broker gives (``getErrorResponse``:
+``protocol.error_responses``) and never forwarded. The checks on each topic are the topic
+guard's (``proxy.features.acls.topics``); the lists a broker answers in full (ListGroups,
+ListTransactions) are filtered on their way back (``ListedOnly``).
+
+Where Kafka answers a list item by item (DescribeGroups, DeleteGroups, OffsetFetch v8+,
+FindCoordinator v4+, DescribeTransactions, config resources), a request with any item
+denied is answered whole with each item's error: the allowed items of a mixed request get
+the error too (they are asked again alone). An API whose error response the proxy cannot
+build, when denied, closes the connection (``FilterHost.refuse``), logged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from kafka_quota_proxy.authorizer.acls import CLUSTER_NAME, AclOperation, ResourceType
+from kafka_quota_proxy.authorizer.api_checks import API_CHECKS
+from kafka_quota_proxy.protocol import apis
+from kafka_quota_proxy.protocol.correlation import InFlight
+from kafka_quota_proxy.protocol.decoded import request_body, response_body
+from kafka_quota_proxy.protocol.error_responses import COVERED, error_response
+from kafka_quota_proxy.protocol.errors import MalformedFrame
+from kafka_quota_proxy.protocol.headers import parse_response_header
+from kafka_quota_proxy.protocol.interests import Interest
+from kafka_quota_proxy.protocol.topic_fields import encode
+from kafka_quota_proxy.proxy.features.acls.state import Access, Acls
+from kafka_quota_proxy.proxy.filters.base import Filter, FilterHost
+from kafka_quota_proxy.proxy.logs import get_logger
+
+log = get_logger("kafka_quota_proxy.acls")
+
+_Op = AclOperation
+_R = ResourceType
+GROUP_AUTHORIZATION_FAILED = 30
+CLUSTER_AUTHORIZATION_FAILED = 31
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+DELEGATION_TOKEN_AUTHORIZATION_FAILED = 58
+_CODE = {_R.GROUP: GROUP_AUTHORIZATION_FAILED, _R.CLUSTER: CLUSTER_AUTHORIZATION_FAILED,
+         _R.TRANSACTIONAL_ID: TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
+
+Need = tuple[ResourceType, AclOperation, str]  # one question: (type, operation, name)
+
+# APIs checked on the cluster only: the operation (denied: CLUSTER_AUTHORIZATION_FAILED)
+CLUSTER_ONLY: dict[int, AclOperation] = {
+    34: _Op.ALTER,  # AlterReplicaLogDirs
+    35: _Op.DESCRIBE,  # DescribeLogDirs
+    43: _Op.ALTER,  # ElectLeaders
+    45: _Op.ALTER,  # AlterPartitionReassignments
+    46: _Op.DESCRIBE,  # ListPartitionReassignments
+    50: _Op.DESCRIBE,  # DescribeUserScramCredentials
+    51: _Op.ALTER,  # AlterUserScramCredentials
+    55: _Op.DESCRIBE,  # DescribeQuorum
+    57: _Op.ALTER,  # UpdateFeatures
+    64: _Op.ALTER,  # UnregisterBroker
+    74: _Op.DESCRIBE_CONFIGS,  # ListConfigResources
+    80: _Op.ALTER,  # AddRaftVoter
+    81: _Op.ALTER,  # RemoveRaftVoter
+}
+# APIs naming one group in ``group_id``: the operation on it
+REQUEST_GROUP: dict[int, AclOperation] = {
+    8: _Op.READ,  # OffsetCommit
+    11: _Op.READ, 12: _Op.READ, 13: _Op.READ, 14: _Op.READ,  # Join, Heartbeat, Leave, Sync
+    47: _Op.DELETE,  # OffsetDelete
+    68: _Op.READ,  # ConsumerGroupHeartbeat
+    76: _Op.READ,  # ShareGroupHeartbeat
+    78: _Op.READ, 79: _Op.READ,  # ShareFetch, ShareAcknowledge
+    88: _Op.READ,  # StreamsGroupHeartbeat
+    91: _Op.READ,  # AlterShareGroupOffsets
+    92: _Op.DELETE,  # DeleteShareGroupOffsets
+}
+# APIs listing groups: the field (a list of names, or of entries with ``group_id``)
+GROUP_LISTS: dict[int, tuple[str, AclOperation]] = {
+    15: ("groups", _Op.DESCRIBE),  # DescribeGroups
+    42: ("groups_names", _Op.DELETE),  # DeleteGroups
+    69: ("group_ids", _Op.DESCRIBE),  # ConsumerGroupDescribe
+    77: ("group_ids", _Op.DESCRIBE),  # ShareGroupDescribe
+    89: ("group_ids", _Op.DESCRIBE),  # StreamsGroupDescribe
+    90: ("groups", _Op.DESCRIBE),  # DescribeShareGroupOffsets
+}
+DELEGATION_TOKENS = frozenset({38, 39, 40, 41})
+# ConfigResource types: those of the cluster, and groups (topics: the topic guard)
+_CLUSTER_CONFIGS = frozenset({4, 8, 16})  # BROKER, BROKER_LOGGER, CLIENT_METRICS
+_GROUP_CONFIGS = 32
+_CONFIG_OPERATION = {32: _Op.DESCRIBE_CONFIGS, 33: _Op.ALTER_CONFIGS,
+                     44: _Op.ALTER_CONFIGS}
+LISTED: dict[int, tuple[str, str, ResourceType]] = {
+    16: ("groups", "group_id", _R.GROUP),  # ListGroups
+    66: ("transaction_states", "transactional_id", _R.TRANSACTIONAL_ID),  # ListTransactions
+}
+_BROKER_ONLY = frozenset(k for k, a in API_CHECKS.items() if a.audience == "broker")
+
+
+def _names(items: Any) -> Iterator[str]:
+    for item in items or ():
+        yield item if isinstance(item, str) else item.group_id
+
+
+def needs(api_key: int, version: int, body: Any) -> list[tuple[Need, int]]:
+    """What Kafka asks for this request before its topics, in its order, each with the error
+    a denial answers."""
+    out: list[tuple[Need, int]] = []
+    cluster: Callable[[AclOperation], tuple[Need, int]] = lambda op: (  # noqa: E731
+        (_R.CLUSTER, op, CLUSTER_NAME), CLUSTER_AUTHORIZATION_FAILED)
+    if api_key in CLUSTER_ONLY:
+        return [cluster(CLUSTER_ONLY[api_key])]
+    if api_key in (22, 25, 26, 28) or (api_key == 24 and version <= 3):
+        txn = body.v3_and_below_transactional_id if api_key == 24 else body.transactional_id
+        if txn is not None:
+            out.append(((_R.TRANSACTIONAL_ID, _Op.WRITE, txn),
+                        TRANSACTIONAL_ID_AUTHORIZATION_FAILED))
+            if api_key == 22 and getattr(body, "enable2_pc", False):
+                out.append(((_R.TRANSACTIONAL_ID, _Op.TWO_PHASE_COMMIT, txn),
+                            TRANSACTIONAL_ID_AUTHORIZATION_FAILED))
+    if api_key == 24 and version >= 4:
+        return [cluster(_Op.CLUSTER_ACTION)]
+    if api_key in (25, 28):
+        out.append(((_R.GROUP, _Op.READ, body.group_id), GROUP_AUTHORIZATION_FAILED))
+    operation = REQUEST_GROUP.get(api_key)
+    if operation is not None:
+        out.append(((_R.GROUP, operation, body.group_id), GROUP_AUTHORIZATION_FAILED))
+    lists = GROUP_LISTS.get(api_key)
+    if lists is not None:
+        out += [((_R.GROUP, lists[1], g), GROUP_AUTHORIZATION_FAILED)
+                for g in _names(getattr(body, lists[0]))]
+    if api_key == 9:  # OffsetFetch: one group (v0-7) or several
+        groups = [body.group_id] if version <= 7 else list(_names(body.groups))
+        out += [((_R.GROUP, _Op.DESCRIBE, g), GROUP_AUTHORIZATION_FAILED) for g in groups]
+    elif api_key == 10:  # FindCoordinator: one key (v0-3) or several, of one type
+        keys = [body.key] if version <= 3 else list(body.coordinator_keys)
+        key_type = body.key_type if version >= 1 else 0
+        if key_type == 0:
+            out += [((_R.GROUP, _Op.DESCRIBE, k), GROUP_AUTHORIZATION_FAILED) for k in keys]
+        elif key_type == 1:
+            out += [((_R.TRANSACTIONAL_ID, _Op.DESCRIBE, k),
+                     TRANSACTIONAL_ID_AUTHORIZATION_FAILED) for k in keys]
+        else:
+            out.append(cluster(_Op.CLUSTER_ACTION))
+    elif api_key == 65:  # DescribeTransactions
+        out += [((_R.TRANSACTIONAL_ID, _Op.DESCRIBE, t), TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+                for t in body.transactional_ids]
+    elif api_key in _CONFIG_OPERATION:
+        op = _CONFIG_OPERATION[api_key]
+        for resource in body.resources:
+            kind = int(resource.resource_type)
+            if kind in _CLUSTER_CONFIGS:
+                out.append(cluster(op))
+            elif kind == _GROUP_CONFIGS:
+                out.append(((_R.GROUP, op, resource.resource_name),
+                            GROUP_AUTHORIZATION_FAILED))
+    elif api_key == 60 and getattr(body, "endpoint_type", 1) == 2:  # DescribeCluster
+        out.append(cluster(_Op.ALTER))
+    elif api_key in _BROKER_ONLY:
+        out.append(cluster(_Op.CLUSTER_ACTION))
+    return out
+
+
+# the API keys ``needs`` may ask about, and those whose whole request it reads
+CHECKED = frozenset({*CLUSTER_ONLY, *REQUEST_GROUP, *GROUP_LISTS, 9, 10, 22, 24, 25, 26, 28,
+                     65, *_CONFIG_OPERATION, 60, *_BROKER_ONLY, *DELEGATION_TOKENS})
+
+
+class ListedOnly:
+    """``InFlight.refused`` of a ListGroups or ListTransactions answered in full by the
+    broker: the items this client may not describe left out (``amend``)."""
+
+    __slots__ = ("access",)
+
+    def __init__(self, access: Access) -> None:
+        self.access = access
+
+    def amend(self, entry: InFlight, frame: bytes | memoryview) -> bytes | None:
+        key, version = entry.api_key, entry.api_version
+        field, name_field, resource_type = LISTED[key]
+        value = response_body(frame, key, version)
+        items = getattr(value, field)
+        kept = tuple(i for i in items if self.access.allowed(
+            _Op.DESCRIBE, resource_type, getattr(i, name_field)))
+        if len(kept) == len(items):
+            return None
+        header = parse_response_header(frame, 0, len(frame),
+                                       apis.response_header_version(key, version))
+        return bytes(frame[: header.size]) + encode(dataclasses.replace(value, **{field: kept}))
+
+
+class AclFilter(Filter):
+    """The checks on whole requests for one connection (see the module's docstring)."""
+
+    @staticmethod
+    def interests(api_key: int, api_version: int) -> Interest:
+        if api_key in CHECKED:
+            return Interest.REQUEST_FRAME | Interest.WHOLE_REQUEST
+        return Interest.NONE
+
+    def __init__(self, host: FilterHost, acls: Acls) -> None:
+        self.host = host
+        self.acls = acls
+        self._access: Access | None = None
+        self._access_for: tuple[str, str | None] | None = None
+
+    def access(self) -> Access:
+        """This connection's principal from its address (the principal changes once, when
+        the client authenticates)."""
+        client = self.host.client
+        access = self._access
+        if access is None or self._access_for != (client.user, client.peer_ip):
+            self._access_for = (client.user, client.peer_ip)
+            access = self._access = self.acls.access(client.user, client.peer_ip)
+        return access
+
+    def request(self, entry: InFlight) -> None:
+        key = entry.api_key
+        if key in LISTED:
+            access = self.access()
+            if access.super_user:
+                return
+            if key == 66 or not access.allowed(_Op.DESCRIBE, _R.CLUSTER, CLUSTER_NAME):
+                entry.refused = ListedOnly(access)  # (ListGroups: the cluster's sees all)
+
+    def request_frame(self, entry: InFlight, frame: bytes, patchable: bool) -> bytes | None:
+        key, version = entry.api_key, entry.api_version
+        if entry.answer is not None or key not in CHECKED:
+            return None
+        access = self.access()
+        if access.super_user:
+            return None
+        if key in DELEGATION_TOKENS:  # (tokens the brokers would make for the proxy's login)
+            access.acls.denial(access, _Op.CREATE_TOKENS, _R.USER, access.principal,
+                               apis.api_name(key))
+            self._refuse(entry, "delegation tokens are not offered through the proxy")
+            return None
+        low, high = apis.kio_version_range(key)
+        if not low <= version <= high:
+            self._refuse(entry, "version_not_decoded")
+            return None
+        try:
+            body = request_body(frame, key, version)
+        except MalformedFrame:
+            return None  # the broker answers it (or closes) as it would
+        label = apis.api_name(key)
+        for (resource_type, operation, name), code in needs(key, version, body):
+            if not access.check(operation, resource_type, name, label):
+                self._deny(entry, frame, code)
+                return None
+        if key == 22 and body.transactional_id is None and not (
+                access.allowed(_Op.IDEMPOTENT_WRITE, _R.CLUSTER, CLUSTER_NAME)
+                or access.any_of_type(_Op.WRITE, _R.TOPIC)):  # (idempotence: either)
+            access.acls.denial(access, _Op.IDEMPOTENT_WRITE, _R.CLUSTER, CLUSTER_NAME, label)
+            self._deny(entry, frame, CLUSTER_AUTHORIZATION_FAILED)
+        return None
+
+    def _deny(self, entry: InFlight, frame: bytes, code: int) -> None:
+        """Answered as Kafka answers it (nothing forwarded), or, where no answer is built,
+        refused (the connection closes once what came before is answered)."""
+        if entry.api_key not in COVERED:
+            self._refuse(entry, "no_error_response")
+            return
+        try:
+            answer = error_response(entry.api_key, entry.api_version, entry.correlation_id,
+                                    frame, code)
+        except (MalformedFrame, NotImplementedError):
+            self._refuse(entry, "no_error_response")
+            return
+        entry.answer = answer[4:]  # (without its size)
+
+    def _refuse(self, entry: InFlight, reason: str) -> None:
+        self.host.refuse(entry, "acl_denied", f"{apis.api_name(entry.api_key)} "
+                         f"v{entry.api_version} denied and not answerable ({reason})")
