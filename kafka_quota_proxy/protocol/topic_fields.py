@@ -452,9 +452,9 @@ def _request_partitions(entry: Any) -> list[int] | None:
     return None
 
 
-def _error_fields(cls: type) -> dict[str, Any]:
+def _error_fields(cls: type, error_code: int = TOPIC_AUTHORIZATION_FAILED) -> dict[str, Any]:
     names = {f.name for f in dataclasses.fields(cls)}
-    code = ErrorCode(TOPIC_AUTHORIZATION_FAILED)
+    code = ErrorCode(error_code)
     out: dict[str, Any] = {}
     for n in ("error_code", "partition_error_code"):
         if n in names:
@@ -462,12 +462,13 @@ def _error_fields(cls: type) -> dict[str, Any]:
     return out
 
 
-def error_result(cls: type, ref: TopicRef, partitions: list[int] | None = None) -> Any:
+def error_result(cls: type, ref: TopicRef, partitions: list[int] | None = None,
+                 error_code: int = TOPIC_AUTHORIZATION_FAILED) -> Any:
     """``cls``'s result for a refused topic: its name or id as the request gave them,
     TOPIC_AUTHORIZATION_FAILED on the topic or on each partition the request named (or
     ``partitions``)."""
     hints = _hints(cls)
-    given: dict[str, Any] = _error_fields(cls)
+    given: dict[str, Any] = _error_fields(cls, error_code)
     if partitions is None:
         partitions = _request_partitions(ref.entry)
     for f in dataclasses.fields(cls):
@@ -488,7 +489,7 @@ def error_result(cls: type, ref: TopicRef, partitions: list[int] | None = None) 
                 continue
             index_type = _types(_hints(inner)[index])[0]
             given[f.name] = tuple(
-                blank(inner, **{index: index_type(p), **_error_fields(inner)})
+                blank(inner, **{index: index_type(p), **_error_fields(inner, error_code)})
                 for p in partitions)
     if "error_code" not in given and "partition_error_code" not in given and not any(
             isinstance(v, tuple) and v for v in given.values()):

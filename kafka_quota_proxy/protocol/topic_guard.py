@@ -37,6 +37,8 @@ from kafka_quota_proxy.protocol.incremental import (
 from kafka_quota_proxy.protocol.topic_fields import TopicArray, TopicRef, encode, error_result
 
 PRODUCE = 0
+TOPIC_AUTHORIZATION_FAILED = 29
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 # What a guarded name's last byte becomes upstream: never allowed in a topic name
 SPOILED = ord("!")
 
@@ -48,6 +50,11 @@ class RefusedTopics(Protocol):
     def refuses_name(self, raw: bytes) -> bool: ...
 
     def refuses_id(self, raw: bytes) -> bool: ...
+
+    def refuses_transaction(self, raw: bytes) -> bool:
+        """A non-empty transactional id (UTF-8): every topic of the frame is refused, with
+        TRANSACTIONAL_ID_AUTHORIZATION_FAILED."""
+        ...
 
 
 class GuardedTopics:
@@ -87,6 +94,10 @@ class GuardedTopics:
         """(``RefusedTopics``) A topic id as a Produce frame holds it, 16 bytes."""
         return raw in self.raw_ids
 
+    def refuses_transaction(self, raw: bytes) -> bool:
+        """(``RefusedTopics``) Transactions are not the topic guard's concern."""
+        return False
+
     def in_frame(self, frame: bytes | bytearray | memoryview) -> bool:
         """The pre-filter: whether any guarded name or id is in ``frame`` (a hit may be
         anywhere, in a record or a longer name: the frame is then decoded)."""
@@ -99,15 +110,18 @@ class GuardedTopics:
 class ProduceTopics:
     """One Produce frame followed as it passes: ``feed`` each chunk before it is forwarded;
     ``spoil`` lists the offsets (in the chunk just fed) of bytes to set to ``SPOILED``;
-    ``refused`` the guarded topics met, with their partitions. ``failed``: the frame does
-    not parse (the connection must close: what comes after cannot be checked)."""
+    ``refused`` the guarded topics met, with their partitions (every topic where the
+    transactional id is refused: ``error_code`` is then TRANSACTIONAL_ID_AUTHORIZATION_FAILED).
+    ``failed``: the frame does not parse (the connection must close: what comes after cannot
+    be checked)."""
 
-    __slots__ = ("failed", "refused", "spoil", "walker")
+    __slots__ = ("error_code", "failed", "refused", "spoil", "walker")
 
     def __init__(self, version: int, topics: RefusedTopics) -> None:
         self.spoil: list[int] = []
         self.refused: list[tuple[str | None, uuid.UUID | None, list[int]]] = []
         self.failed = False
+        self.error_code = TOPIC_AUTHORIZATION_FAILED
         self.walker = Walker(self._walk(version, topics))
 
     def feed(self, buf: bytes | memoryview, start: int, end: int) -> None:
@@ -128,9 +142,15 @@ class ProduceTopics:
         yield from _skip(max((yield from _int(2)), 0))  # client_id (nullable, classic)
         if flexible:
             yield from _skip_tagged_fields()  # request header v2
+        every = False  # the transactional id refused: every topic is
         if version >= 3:
             size = (yield from _uvarint()) - 1 if flexible else (yield from _int(2))
-            yield from _skip(max(size, 0))  # transactional_id
+            if size > 0:  # transactional_id
+                raw = yield size
+                assert raw is not None
+                if topics.refuses_transaction(raw):
+                    every = True
+                    self.error_code = TRANSACTIONAL_ID_AUTHORIZATION_FAILED
         yield -6  # acks, timeout_ms
         n_topics = yield from _array_count(flexible)
         for _ in range(max(n_topics, 0)):
@@ -138,7 +158,7 @@ class ProduceTopics:
             if version >= 13:
                 raw = yield 16
                 assert raw is not None
-                if topics.refuses_id(raw):
+                if every or topics.refuses_id(raw):
                     found = []
                     self.spoil.append(self.walker.at - 1)
                     self.refused.append((None, uuid.UUID(bytes=bytes(raw)), found))
@@ -147,7 +167,7 @@ class ProduceTopics:
                 if size > 0:
                     raw = yield size
                     assert raw is not None
-                    if topics.refuses_name(raw):
+                    if every or topics.refuses_name(raw):
                         found = []
                         self.spoil.append(self.walker.at - 1)
                         self.refused.append((raw.decode(), None, found))
@@ -177,10 +197,11 @@ def _spoiled_id(topic_id: uuid.UUID) -> uuid.UUID:
 
 
 def produce_with_refused(frame: bytes | memoryview, version: int,
-                         refused: Sequence[tuple[str | None, uuid.UUID | None, list[int]]]
-                         ) -> bytes:
+                         refused: Sequence[tuple[str | None, uuid.UUID | None, list[int]]],
+                         error_code: int = TOPIC_AUTHORIZATION_FAILED) -> bytes:
     """A Produce response (whole frame) with the broker's results for the spoiled topics
-    replaced by TOPIC_AUTHORIZATION_FAILED on each partition, under the client's name."""
+    replaced by ``error_code`` (TOPIC_AUTHORIZATION_FAILED) on each partition, under the
+    client's name."""
     if version < 3:
         raise MalformedFrame(f"Produce v{version} response: not decoded")
     hv = apis.response_header_version(PRODUCE, version)
@@ -194,7 +215,8 @@ def produce_with_refused(frame: bytes | memoryview, version: int,
     cls = type(value.responses[0]) if value.responses else _topic_class(version)
     array = TopicArray((("topic_data", True),), name="name" if version < 13 else None,
                        topic_id="topic_id" if version >= 13 else None)
-    errors = [error_result(cls, TopicRef(array, (i,), name, topic_id, None), partitions)
+    errors = [error_result(cls, TopicRef(array, (i,), name, topic_id, None), partitions,
+                           error_code)
               for i, (name, topic_id, partitions) in enumerate(refused)]
     value = dataclasses.replace(value, responses=(*kept, *errors))
     return bytes(frame[: header.size]) + encode(value)

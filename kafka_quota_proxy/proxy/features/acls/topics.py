@@ -118,6 +118,11 @@ class TopicAccess:
         return not self.access.check(_Op.WRITE, _TOPIC, raw.decode("utf-8", "replace"),
                                      "Produce")
 
+    def refuses_transaction(self, raw: bytes) -> bool:
+        """(``RefusedTopics``) WRITE on the transactional id of a Produce frame."""
+        return not self.access.check(_Op.WRITE, ResourceType.TRANSACTIONAL_ID,
+                                     raw.decode("utf-8", "replace"), "Produce")
+
     def refuses_id(self, raw: bytes) -> bool:
         """(``RefusedTopics``) WRITE on a topic, by the id a Produce frame holds."""
         if raw in self.guarded.raw_ids:

@@ -137,7 +137,7 @@ class TopicGuardFilter(Filter):
         if entry.api_version < 3 and entry.expects_response:  # (no schema to answer with)
             self._close(entry, "produce_version")
             return
-        entry.refused = Produce(watch.refused)
+        entry.refused = Produce(watch.refused, watch.error_code)
 
     # ------------------------------------------------------------------ other requests
     def request_frame(self, entry: InFlight, frame: bytes, patchable: bool) -> bytes | None:

@@ -51,10 +51,12 @@ def guarded_names(config: ProxyConfig) -> list[str]:
 class Produce:
     """``InFlight.refused`` of a Produce whose guarded topics were spoiled on their way."""
 
-    __slots__ = ("topics",)
+    __slots__ = ("error_code", "topics")
 
-    def __init__(self, topics: list[tuple[str | None, uuid.UUID | None, list[int]]]) -> None:
+    def __init__(self, topics: list[tuple[str | None, uuid.UUID | None, list[int]]],
+                 error_code: int = 29) -> None:
         self.topics = topics
+        self.error_code = error_code
 
 
 class Results:
@@ -114,7 +116,8 @@ class TopicGuard:
         if amendment is not None:
             return amendment(entry, frame)  # type: ignore[no-any-return]
         if isinstance(refused, Produce):
-            return produce_with_refused(frame, entry.api_version, refused.topics)
+            return produce_with_refused(frame, entry.api_version, refused.topics,
+                                        refused.error_code)
         if isinstance(refused, Results):
             return with_refused(frame, entry.api_key, entry.api_version, refused.refs)
         if refused is OMIT:
