@@ -299,6 +299,13 @@ def test_fetch_of_a_denied_topic_is_answered_and_the_rest_forwarded() -> None:
     new = f.request_frame(entry, frame, True)
     assert new is not None
     assert [t.topic for t in request_body(new, 1, 12).topics] == ["a-orders"]
+    assert f.acls is not None and f.acls.denied == {("TOPIC", "READ"): 1}  # (counted once)
+    # every topic allowed: forwarded as it is
+    allowed = dataclasses.replace(request, topics=request.topics[:1])
+    entry = _entry(1, 12)
+    assert f.request_frame(entry, encode_request_header(1, 12, 7, "c") + encode(allowed),
+                           True) is None
+    assert entry.refused is None and entry.answer is None
     # every topic denied: answered by the proxy, with empty records (clients refuse null)
     only = dataclasses.replace(request, topics=request.topics[1:])
     entry = _entry(1, 12)

@@ -77,8 +77,10 @@ class TopicAccess:
             return None
         return self.access.acls.topic_names.get(topic_id)
 
-    def refused(self, api_key: int, name: str | None, topic_id: uuid.UUID | None) -> bool:
-        """Whether this API may not name this topic (a guarded topic always is)."""
+    def refused(self, api_key: int, name: str | None, topic_id: uuid.UUID | None,
+                count: bool = True) -> bool:
+        """Whether this API may not name this topic (a guarded topic always is); a denial is
+        counted and logged unless ``count`` is false (a pre-check the full check follows)."""
         if self.guarded.guarded(name, topic_id):
             return True
         operation = TOPIC_OPERATION.get(api_key)
@@ -93,9 +95,10 @@ class TopicAccess:
         topic = self.name_of(name, topic_id)
         if topic is None:
             return True  # an id this process has not seen in Metadata
-        if api_key == _DELETE_TOPICS and not access.check(_Op.DESCRIBE, _TOPIC, topic, label):
+        ask = access.check if count else lambda op, kind, name, _: access.allowed(op, kind, name)
+        if api_key == _DELETE_TOPICS and not ask(_Op.DESCRIBE, _TOPIC, topic, label):
             return True
-        return not access.check(operation, _TOPIC, topic, label)
+        return not ask(operation, _TOPIC, topic, label)
 
     def hidden(self, name: str | None, topic_id: uuid.UUID | None) -> bool:
         """Left out of a Metadata response listing all topics (not describable)."""
