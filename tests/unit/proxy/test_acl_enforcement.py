@@ -314,3 +314,30 @@ def test_fetch_of_a_denied_topic_is_answered_and_the_rest_forwarded() -> None:
     answer = response_body(entry.answer, 1, 12)
     assert [(t.topic, int(p.error_code), p.records) for t in answer.responses
             for p in t.partitions] == [("b-private", 29, b"")]
+
+
+def test_groups_denied_among_others_are_answered_beside_the_brokers_answer() -> None:
+    f = AclFilter(FakeFilterHost("alice"), _acls())
+    frame = kio_request(15, 5, 7, groups=("a-1", "b-1", "a-2"),
+                        include_authorized_operations=False)
+    entry = _entry(15, 5)
+    forwarded = f.request_frame(entry, frame, True)
+    assert forwarded is not None and entry.answer is None
+    assert request_body(forwarded, 15, 5).groups == ("a-1", "a-2")
+    m = _module(15, 5, "response")
+    broker = m.DescribeGroupsResponse(throttle_time=timedelta(0), groups=tuple(
+        m.DescribedGroup(error_code=ErrorCode(0), group_id=g, group_state="Stable",
+                         protocol_type="consumer", protocol_data="range", members=(),
+                         authorized_operations=-2147483648) for g in ("a-1", "a-2")))
+    assert entry.refused is not None
+    amended = entry.refused.amend(entry, encode_response_header(7, 1) + encode(broker))
+    assert amended is not None
+    assert [(g.group_id, int(g.error_code)) for g in response_body(amended, 15, 5).groups] == [
+        ("a-1", 0), ("a-2", 0), ("b-1", 30)]
+    # all denied: answered by the proxy, each group with its error
+    entry = _entry(15, 5)
+    f.request_frame(entry, kio_request(15, 5, 7, groups=("b-1", "b-2"),
+                                       include_authorized_operations=False), True)
+    assert entry.answer is not None
+    assert [(g.group_id, int(g.error_code)) for g in response_body(
+        entry.answer, 15, 5).groups] == [("b-1", 30), ("b-2", 30)]

@@ -6,11 +6,12 @@ is answered by the proxy with the response Kafka's broker gives (``getErrorRespo
 guard's (``proxy.features.acls.topics``); the lists a broker answers in full (ListGroups,
 ListTransactions) are filtered on their way back (``ListedOnly``).
 
-Where Kafka answers a list item by item (DescribeGroups, DeleteGroups, OffsetFetch v8+,
-FindCoordinator v4+, DescribeTransactions, config resources), a request with any item
-denied is answered whole with each item's error: the allowed items of a mixed request get
-the error too (they are asked again alone). An API whose error response the proxy cannot
-build, when denied, closes the connection (``FilterHost.refuse``), logged.
+Where Kafka answers a list item by item (FindCoordinator v4+, DescribeGroups, DeleteGroups,
+DescribeTransactions, ConsumerGroupDescribe), the denied items are answered by the proxy and
+merged into the broker's answer to the others (``ItemErrors``). OffsetFetch v8+ and config
+resources with any item denied are answered whole with each item's error (the allowed items
+of a mixed request get the error too). An API whose error response the proxy cannot build,
+when denied, closes the connection (``FilterHost.refuse``), logged.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from kafka_quota_proxy.protocol.correlation import InFlight
 from kafka_quota_proxy.protocol.decoded import request_body, response_body
 from kafka_quota_proxy.protocol.error_responses import COVERED, error_response
 from kafka_quota_proxy.protocol.errors import MalformedFrame
-from kafka_quota_proxy.protocol.headers import parse_response_header
+from kafka_quota_proxy.protocol.headers import parse_request_header, parse_response_header
 from kafka_quota_proxy.protocol.interests import Interest
 from kafka_quota_proxy.protocol.topic_fields import encode
 from kafka_quota_proxy.proxy.features.acls.state import Access, Acls
@@ -165,6 +166,37 @@ CHECKED = frozenset({*CLUSTER_ONLY, *REQUEST_GROUP, *GROUP_LISTS, 9, 10, 22, 24,
                      65, *_CONFIG_OPERATION, 60, *_BROKER_ONLY, *DELEGATION_TOKENS})
 
 
+# APIs answering item by item (the request's list, the response's, from which version):
+# a request with some items denied goes on without them, their errors merged into the answer
+ITEMIZED: dict[int, tuple[str, str, int]] = {
+    10: ("coordinator_keys", "coordinators", 4),  # FindCoordinator
+    15: ("groups", "groups", 0),  # DescribeGroups
+    42: ("groups_names", "results", 0),  # DeleteGroups
+    65: ("transactional_ids", "transaction_states", 0),  # DescribeTransactions
+    69: ("group_ids", "groups", 0),  # ConsumerGroupDescribe
+}
+
+
+class ItemErrors:
+    """``InFlight.refused`` of a request forwarded without its denied items: their error
+    entries (as Kafka's error response has them) added to the broker's answer (``amend``)."""
+
+    __slots__ = ("entries", "field")
+
+    def __init__(self, field: str, entries: tuple[Any, ...]) -> None:
+        self.field = field
+        self.entries = entries
+
+    def amend(self, entry: InFlight, frame: bytes | memoryview) -> bytes | None:
+        key, version = entry.api_key, entry.api_version
+        value = response_body(frame, key, version)
+        header = parse_response_header(frame, 0, len(frame),
+                                       apis.response_header_version(key, version))
+        items = (*getattr(value, self.field), *self.entries)
+        return bytes(frame[: header.size]) + encode(
+            dataclasses.replace(value, **{self.field: items}))
+
+
 class ListedOnly:
     """``InFlight.refused`` of a ListGroups or ListTransactions answered in full by the
     broker: the items this client may not describe left out (``amend``)."""
@@ -243,6 +275,10 @@ class AclFilter(Filter):
         except MalformedFrame:
             return None  # the broker answers it (or closes) as it would
         label = apis.api_name(key)
+        itemized = ITEMIZED.get(key)
+        if itemized is not None and version >= itemized[2] and (
+                key != 10 or body.key_type in (0, 1)):
+            return self._items(entry, frame, patchable, body, itemized, access)
         for (resource_type, operation, name), code in needs(key, version, body):
             if not access.check(operation, resource_type, name, label):
                 self._deny(entry, frame, code)
@@ -253,6 +289,41 @@ class AclFilter(Filter):
             access.acls.denial(access, _Op.IDEMPOTENT_WRITE, _R.CLUSTER, CLUSTER_NAME, label)
             self._deny(entry, frame, CLUSTER_AUTHORIZATION_FAILED)
         return None
+
+    def _items(self, entry: InFlight, frame: bytes, patchable: bool, body: Any,
+               itemized: tuple[str, str, int], access: Access) -> bytes | None:
+        """A request answered item by item: the denied items answered by the proxy (merged
+        into the broker's answer to the others), as Kafka answers each."""
+        key, version = entry.api_key, entry.api_version
+        field, response_field, _ = itemized
+        items = tuple(getattr(body, field))
+        label = apis.api_name(key)
+        checks = needs(key, version, body)
+        denied = [(item, code) for item, ((kind, op, name), code) in zip(items, checks,
+                                                                         strict=True)
+                  if not access.check(op, kind, name, label)]
+        if not denied:
+            return None
+        code = denied[0][1]
+        if len(denied) == len(items):
+            self._deny(entry, frame, code)
+            return None
+        if not patchable:
+            self._refuse(entry, "frame_too_large")
+            return None
+        head = frame[: parse_request_header(frame, 0, len(frame)).size]
+        out = {item for item, _ in denied}
+        refused = head + encode(dataclasses.replace(body, **{field: tuple(
+            item for item in items if item in out)}))
+        try:
+            answer = error_response(key, version, entry.correlation_id, refused, code)
+        except (MalformedFrame, NotImplementedError):
+            self._refuse(entry, "no_error_response")
+            return None
+        entry.refused = ItemErrors(response_field, tuple(
+            getattr(response_body(answer[4:], key, version), response_field)))
+        return head + encode(dataclasses.replace(body, **{field: tuple(
+            item for item in items if item not in out)}))
 
     def _deny(self, entry: InFlight, frame: bytes, code: int) -> None:
         """Answered as Kafka answers it (nothing forwarded), or, where no answer is built,
