@@ -341,3 +341,25 @@ def test_groups_denied_among_others_are_answered_beside_the_brokers_answer() -> 
     assert entry.answer is not None
     assert [(g.group_id, int(g.error_code)) for g in response_body(
         entry.answer, 15, 5).groups] == [("b-1", 30), ("b-2", 30)]
+
+
+def test_partitions_added_to_a_transaction_with_a_denied_topic_add_none() -> None:
+    m = _module(24, 3)
+    frame = kio_request(24, 3, 7, v3_and_below_transactional_id="a-tx",
+                        v3_and_below_producer_id=1, v3_and_below_producer_epoch=0,
+                        v3_and_below_topics=tuple(m.AddPartitionsToTxnTopic(
+                            name=t, partitions=(0, 1)) for t in ("a-orders", "b-private")))
+    entry = _entry(24, 3)
+    AclFilter(FakeFilterHost("alice"), _acls()).request_frame(entry, frame, True)
+    assert entry.answer is not None
+    answer = response_body(entry.answer, 24, 3)
+    assert [(t.name, p.partition_index, int(p.partition_error_code))
+            for t in answer.results_by_topic_v3_and_below for p in t.results_by_partition] == [
+        ("a-orders", 0, 55), ("a-orders", 1, 55), ("b-private", 0, 29), ("b-private", 1, 29)]
+    allowed = kio_request(24, 3, 7, v3_and_below_transactional_id="a-tx",
+                          v3_and_below_producer_id=1, v3_and_below_producer_epoch=0,
+                          v3_and_below_topics=(m.AddPartitionsToTxnTopic(
+                              name="a-orders", partitions=(0,)),))
+    entry = _entry(24, 3)
+    AclFilter(FakeFilterHost("alice"), _acls()).request_frame(entry, allowed, True)
+    assert entry.answer is None

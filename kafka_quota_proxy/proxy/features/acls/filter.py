@@ -20,6 +20,8 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from kio.schema.errors import ErrorCode
+
 from kafka_quota_proxy.authorizer.acls import CLUSTER_NAME, AclOperation, ResourceType
 from kafka_quota_proxy.authorizer.api_checks import API_CHECKS
 from kafka_quota_proxy.protocol import apis
@@ -42,6 +44,8 @@ GROUP_AUTHORIZATION_FAILED = 30
 CLUSTER_AUTHORIZATION_FAILED = 31
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 DELEGATION_TOKEN_AUTHORIZATION_FAILED = 58
+TOPIC_AUTHORIZATION_FAILED = 29
+OPERATION_NOT_ATTEMPTED = 55
 _CODE = {_R.GROUP: GROUP_AUTHORIZATION_FAILED, _R.CLUSTER: CLUSTER_AUTHORIZATION_FAILED,
          _R.TRANSACTIONAL_ID: TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
 
@@ -283,6 +287,9 @@ class AclFilter(Filter):
             if not access.check(operation, resource_type, name, label):
                 self._deny(entry, frame, code)
                 return None
+        if key == 24 and version <= 3:
+            self._add_partitions(entry, frame, body, access, label)
+            return None
         if key == 22 and body.transactional_id is None and not (
                 access.allowed(_Op.IDEMPOTENT_WRITE, _R.CLUSTER, CLUSTER_NAME)
                 or access.any_of_type(_Op.WRITE, _R.TOPIC)):  # (idempotence: either)
@@ -324,6 +331,34 @@ class AclFilter(Filter):
             getattr(response_body(answer[4:], key, version), response_field)))
         return head + encode(dataclasses.replace(body, **{field: tuple(
             item for item in items if item not in out)}))
+
+    def _add_partitions(self, entry: InFlight, frame: bytes, body: Any, access: Access,
+                        label: str) -> None:
+        """AddPartitionsToTxn v0-3 with a topic the client may not write: nothing is added,
+        as Kafka answers it: TOPIC_AUTHORIZATION_FAILED on that topic's partitions,
+        OPERATION_NOT_ATTEMPTED on the others (checked here, not by the topic guard, which
+        would let the rest go on)."""
+        denied = {t.name for t in body.v3_and_below_topics
+                  if not access.check(_Op.WRITE, _R.TOPIC, t.name, label)}
+        if not denied:
+            return
+        key, version = entry.api_key, entry.api_version
+        try:
+            answer = error_response(key, version, entry.correlation_id, frame,
+                                    OPERATION_NOT_ATTEMPTED)
+        except (MalformedFrame, NotImplementedError):
+            self._refuse(entry, "no_error_response")
+            return
+        answer = answer[4:]  # (without its size)
+        value = response_body(answer, key, version)
+        topics = tuple(dataclasses.replace(t, results_by_partition=tuple(
+            dataclasses.replace(p, partition_error_code=ErrorCode(TOPIC_AUTHORIZATION_FAILED))
+            for p in t.results_by_partition)) if t.name in denied else t
+            for t in value.results_by_topic_v3_and_below)
+        header = parse_response_header(answer, 0, len(answer),
+                                       apis.response_header_version(key, version))
+        entry.answer = answer[:header.size] + encode(
+            dataclasses.replace(value, results_by_topic_v3_and_below=topics))
 
     def _deny(self, entry: InFlight, frame: bytes, code: int) -> None:
         """Answered as Kafka answers it (nothing forwarded), or, where no answer is built,

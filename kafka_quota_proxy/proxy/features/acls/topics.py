@@ -24,7 +24,8 @@ _Op = AclOperation
 _TOPIC = ResourceType.TOPIC
 
 # The operation Kafka asks on each topic the request names, per API key (the APIs whose
-# checks are on the whole request only, the cluster's, are not here: ``AclFilter``)
+# checks are on the whole request only, the cluster's, are not here: ``AclFilter``; nor
+# AddPartitionsToTxn v0-3, answered whole when a topic is denied: ``AclFilter`` too)
 TOPIC_OPERATION: dict[int, AclOperation] = {
     0: _Op.WRITE,  # Produce
     1: _Op.READ,  # Fetch (a consumer's; a follower's is refused whole by the topic guard)
@@ -36,7 +37,6 @@ TOPIC_OPERATION: dict[int, AclOperation] = {
     20: _Op.DELETE,  # DeleteTopics (else DELETE on the cluster; and DESCRIBE)
     21: _Op.DELETE,  # DeleteRecords
     23: _Op.DESCRIBE,  # OffsetForLeaderEpoch (else CLUSTER_ACTION on the cluster)
-    24: _Op.WRITE,  # AddPartitionsToTxn v0-3
     28: _Op.READ,  # TxnOffsetCommit
     32: _Op.DESCRIBE_CONFIGS,  # DescribeConfigs (topic resources)
     33: _Op.ALTER_CONFIGS,  # AlterConfigs (topic resources)
