@@ -40,6 +40,7 @@ log = structlog.get_logger("kafka_quota_proxy.topics")
 
 TOPIC_ALREADY_EXISTS = 36
 _CLOSE_TIMEOUT_S = 5.0
+LEADERLESS_CHECK_S = 0.25
 
 
 def no_topic_auto_creation() -> None:
@@ -205,6 +206,12 @@ class TopicReader:
         self.subscriptions: dict[str, Subscription] = {}
         self.read_errors = 0
         self.connected = False
+        self._check_now = asyncio.Event()  # ``check_soon``
+
+    def check_soon(self) -> None:
+        """Ask the cluster for the topics now, not at the next check: a feature has just made
+        (or found) one of them, and what is written there is to be read within a second."""
+        self._check_now.set()
 
     def subscribe(self, sub: Subscription) -> None:
         self.subscriptions[sub.topic] = sub
@@ -246,11 +253,19 @@ class TopicReader:
             loop = asyncio.get_running_loop()
             next_check = 0.0
             while True:
-                if loop.time() >= next_check:
+                if loop.time() >= next_check or self._check_now.is_set():
+                    self._check_now.clear()
                     await self._check(consumer)
-                    next_check = loop.time() + self.check_seconds
+                    # a partition whose leader is not known yet (a topic just created) is
+                    # not fetched until the metadata says it: asked again soon
+                    leaderless = any(consumer._client.cluster.leader_for_partition(tp)
+                                     in (None, -1) for tp in consumer.assignment())
+                    next_check = loop.time() + (LEADERLESS_CHECK_S if leaderless
+                                                else self.check_seconds)
                 if not consumer.assignment():  # (getmany waits for an assignment)
-                    await asyncio.sleep(max(0.0, next_check - loop.time()))
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._check_now.wait(),
+                                               max(0.0, next_check - loop.time()))
                     continue
                 batches = await consumer.getmany(timeout_ms=self.fetch_max_wait_ms)
                 for tp, records in batches.items():

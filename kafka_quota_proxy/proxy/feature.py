@@ -76,6 +76,10 @@ class Runtime(Protocol):
     def quotas_changed(self) -> None:
         """The quotas altered through AlterClientQuotas changed (here or elsewhere)."""
 
+    def topics_made(self) -> None:
+        """A feature made (or found) one of the topics it subscribed to: the reader looks
+        for them now rather than at its next check."""
+
 
 class Feature:
     """Base of the proxy's features: every hook does nothing."""

@@ -342,6 +342,10 @@ class Proxy:
             return None
         return int(server.sockets[0].getsockname()[1])
 
+    def topics_made(self) -> None:
+        if self.topics is not None:
+            self.topics.check_soon()
+
     def quotas_changed(self) -> None:
         """Quotas altered (through this proxy or another): the YAML's with them over it."""
         self.reconfigure()

@@ -178,20 +178,20 @@ def test_acls_are_managed_through_the_proxy_and_hold_on_every_proxy(
                              "User:alice", "*", AclOperation.ALTER, AclPermissionType.ALLOW)
     assert _create(admin_a, bad_cluster) == [KafkaError.INVALID_REQUEST]
 
-    # warm-up: a binding created through a reaches b, and its deletion through b reaches a
-    # (the topic is made at start by whichever proxy comes first: the other's reader finds
-    # it at its next check, within 5 s, as docs/acls.md says)
+    # a binding created through a reaches b, and its deletion through b reaches a, from the
+    # start (the topic is made at start by whichever proxy comes first; each reader looks
+    # for it as soon as its proxy has made or found it, not at its next check)
     warm = AclBinding(ResourceType.GROUP, "warm", ResourcePatternType.LITERAL, "User:bob", "*",
                       AclOperation.READ, AclPermissionType.ALLOW)
     assert _create(admin_a, warm) == [None]
     assert _key(warm) in _described(admin_a)  # in force on a once answered
-    wait_for(lambda: _key(warm) in _described(admin_b), 15, interval=0.1,
+    wait_for(lambda: _key(warm) in _described(admin_b), 2, interval=0.05,
              what="b reading the ACL topic")
     warm_filter = AclBindingFilter(ResourceType.GROUP, "warm", ResourcePatternType.LITERAL,
                                    None, None, AclOperation.ANY, AclPermissionType.ANY)
     (gone,) = admin_b.delete_acls([warm_filter], request_timeout=15).values()
     assert [_key(x) for x in gone.result(timeout=30)] == [_key(warm)]
-    wait_for(lambda: _key(warm) not in _described(admin_a), 15, interval=0.1,
+    wait_for(lambda: _key(warm) not in _described(admin_a), 2, interval=0.05,
              what="a reading the ACL topic")
     assert _create(admin_a, warm) == [None]  # (kept: listed below)
 

@@ -157,7 +157,12 @@ class AclStore:
 
     def start(self, runtime: Runtime) -> None:
         self.client_options = runtime.client_options
-        runtime.spawn(self.prepare())
+
+        async def prepare() -> None:
+            await self.prepare()
+            runtime.topics_made()  # (read from now on, not from the reader's next check)
+
+        runtime.spawn(prepare())
 
     async def prepare(self) -> None:
         """At start: the topic made now, so that every proxy reads it from the first

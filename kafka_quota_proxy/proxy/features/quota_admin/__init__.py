@@ -49,7 +49,13 @@ class QuotaAdminFeature(Feature):
 
     def start(self, runtime: Runtime) -> None:
         self.admin.client_options = runtime.client_options
-        runtime.spawn(self.admin.prepare(with_acls=runtime.acls is not None))
+        admin = self.admin
+
+        async def prepare() -> None:
+            await admin.prepare(with_acls=runtime.acls is not None)
+            runtime.topics_made()  # (read from now on, not from the reader's next check)
+
+        runtime.spawn(prepare())
 
     def metric_families(self) -> Iterator[Any]:
         return self.admin.metric_families()
