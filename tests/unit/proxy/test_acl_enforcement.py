@@ -363,3 +363,26 @@ def test_partitions_added_to_a_transaction_with_a_denied_topic_add_none() -> Non
     entry = _entry(24, 3)
     AclFilter(FakeFilterHost("alice"), _acls()).request_frame(entry, allowed, True)
     assert entry.answer is None
+
+
+def test_authorized_operations_in_metadata_are_the_clients() -> None:
+    f, guard = _guard_filter("alice")
+    m = _module(3, 10)
+    request = m.MetadataRequest(
+        topics=(m.MetadataRequestTopic(topic_id=uuid.UUID(int=0), name="a-orders"),),
+        allow_auto_topic_creation=False, include_cluster_authorized_operations=True,
+        include_topic_authorized_operations=True)
+    entry = _entry(3, 10)
+    assert f.request_frame(entry, encode_request_header(3, 10, 7, "c") + encode(request),
+                           True) is None
+    r = _module(3, 10, "response")
+    everything = 0b1111111111110  # (what the broker computed for the proxy's own principal)
+    response = r.MetadataResponse(
+        throttle_time=timedelta(0), brokers=(), cluster_id="c", controller_id=1,
+        cluster_authorized_operations=everything, topics=(r.MetadataResponseTopic(
+            error_code=ErrorCode(0), name="a-orders", topic_id=A_ID, is_internal=False,
+            partitions=(), topic_authorized_operations=everything),))
+    shown = guard.filter_metadata(entry, response)
+    read, write, describe = (1 << int(op) for op in (Op.READ, Op.WRITE, Op.DESCRIBE))
+    assert shown.topics[0].topic_authorized_operations == read | write | describe
+    assert shown.cluster_authorized_operations == 0

@@ -222,7 +222,7 @@ class TopicGuardFilter(Filter):
             not access.may_create(r.name) for r in request.refs
             if r.name is not None and r not in refused)
         if not refused and not no_create:
-            entry.refused = Metadata([], False, access.hidden)
+            entry.refused = Metadata([], False, access.hidden, access)
             return None
         if not patchable:
             self._close(entry, "frame_too_large")
@@ -233,7 +233,7 @@ class TopicGuardFilter(Filter):
         if no_create:
             value = dataclasses.replace(value, allow_auto_topic_creation=False)
         only = version == 0 and metadata_request_topics(value, version) is None
-        entry.refused = Metadata(refused, only, access.hidden)
+        entry.refused = Metadata(refused, only, access.hidden, access)
         return bytes(frame[: request.header_size]) + encode(value)
 
     def _log_refused(self, entry: InFlight, refused: list[TopicRef]) -> None:

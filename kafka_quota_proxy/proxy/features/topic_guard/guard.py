@@ -13,9 +13,10 @@ the ids learnt, the response amendments and the figures.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily
 
@@ -72,13 +73,24 @@ class Metadata:
     """``InFlight.refused`` of a Metadata request that named guarded topics, or of any
     Metadata request under ACLs (``hidden``: what this client may not see of the topics)."""
 
-    __slots__ = ("hidden", "only_refused", "refs")
+    __slots__ = ("access", "hidden", "only_refused", "refs")
 
     def __init__(self, refs: list[TopicRef], only_refused: bool,
-                 hidden: Callable[[str | None, uuid.UUID | None], bool] | None = None) -> None:
+                 hidden: Callable[[str | None, uuid.UUID | None], bool] | None = None,
+                 access: AuthorizedOperations | None = None) -> None:
         self.refs = refs
         self.only_refused = only_refused
         self.hidden = hidden
+        self.access = access  # (ACLs) the operations this client may do, where asked
+
+
+class AuthorizedOperations(Protocol):
+    """What Metadata's ``*_authorized_operations`` fields say for one client (Kafka's bit
+    fields of operation codes, computed for the requester's principal)."""
+
+    def topic_operations(self, name: str) -> int: ...
+
+    def cluster_operations(self) -> int: ...
 
 
 class Omit:
@@ -89,6 +101,27 @@ class Omit:
 
 
 OMIT = Omit()
+
+
+NOT_ASKED = -2147483648  # Kafka's Int32.MinValue: authorized operations not asked for
+
+
+def _authorized_operations(value: Any, access: AuthorizedOperations) -> Any:
+    """The broker's ``topic_authorized_operations`` and ``cluster_authorized_operations``
+    (its own principal's: the proxy's) replaced by the client's, where the request asked."""
+    topics = value.topics
+    if any(getattr(t, "topic_authorized_operations", NOT_ASKED) != NOT_ASKED and not t.error_code
+           for t in topics):
+        topics = tuple(
+            dataclasses.replace(t, topic_authorized_operations=access.topic_operations(t.name))
+            if t.topic_authorized_operations != NOT_ASKED and not t.error_code
+            and t.name is not None else t
+            for t in topics)
+        value = dataclasses.replace(value, topics=topics)
+    if getattr(value, "cluster_authorized_operations", NOT_ASKED) != NOT_ASKED:
+        value = dataclasses.replace(value,
+                                    cluster_authorized_operations=access.cluster_operations())
+    return value
 
 
 class TopicGuard:
@@ -135,8 +168,11 @@ class TopicGuard:
                 self.learn(t.name, getattr(t, "topic_id", None))
         refused = entry.refused if isinstance(entry.refused, Metadata) else None
         hidden = topics.guarded if refused is None or refused.hidden is None else refused.hidden
-        return metadata_amended(value, entry.api_version, refused.refs if refused else (),
-                                hidden, refused.only_refused if refused else False)
+        value = metadata_amended(value, entry.api_version, refused.refs if refused else (),
+                                 hidden, refused.only_refused if refused else False)
+        if refused is not None and refused.access is not None:
+            value = _authorized_operations(value, refused.access)
+        return value
 
     # ------------------------------------------------------------------ figures
     def metric_families(self) -> Iterator[Any]:
