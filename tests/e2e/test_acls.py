@@ -6,6 +6,7 @@ shows each user only the topics it may describe."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -151,3 +152,54 @@ def test_acls_allow_and_deny_produce_consume_and_topics(proxy: ProxyProcess) -> 
               for e in proxy.events() if e.get("event") == "acl_denied"}
     assert ("User:bob", "WRITE", "a-orders") in logged
     assert ("User:alice", "DESCRIBE", "b-group") in logged
+
+
+def test_a_deny_created_while_a_producer_runs_holds_within_a_second(
+        proxy: ProxyProcess) -> None:
+    """A super user adds a DENY through the Admin API while alice's producer runs: the
+    messages alice sends from then on are refused (TOPIC_AUTHORIZATION_FAILED), within a
+    second; the ones before went through."""
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    assert _create(proxy, "admin", "a-live") == {"a-live": None}
+    reports: list[tuple[float, KafkaError | None]] = []
+    producer = Producer(_conf(proxy, "alice", **{"linger.ms": 5, "message.timeout.ms": 20000}))
+    sent = 0
+
+    def produce_for(seconds: float) -> None:
+        """(librdkafka refuses produce() at once for a topic it knows it may not write)"""
+        nonlocal sent
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            sent += 1
+            try:
+                producer.produce("a-live", value=b"x" * 100, on_delivery=lambda err, _m:
+                                 reports.append((time.monotonic(), err)))
+            except KafkaException as exc:
+                reports.append((time.monotonic(), exc.args[0]))
+            producer.poll(0.01)
+
+    produce_for(1.0)
+    deny = AclBinding(ResourceType.TOPIC, "a-live", ResourcePatternType.LITERAL, "User:alice",
+                      "*", AclOperation.WRITE, AclPermissionType.DENY)
+    admin = AdminClient(_conf(proxy, "admin"))
+    (future,) = admin.create_acls([deny], request_timeout=15).values()
+    future.result(timeout=30)
+    created = time.monotonic()
+    produce_for(1.5)
+    producer.flush(30)
+    assert len(reports) == sent
+    before = [err for at, err in reports if at < created]
+    assert before and all(err is None for err in before)  # allowed until then
+    failures = [at for at, err in reports
+                if err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED]
+    assert failures and failures[0] - created < 1.0
+    late = [err for at, err in reports if at > created + 1.0]
+    assert late and all(err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+                        for err in late)

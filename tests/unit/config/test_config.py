@@ -523,6 +523,10 @@ def test_summary_names_every_section() -> None:
         assert fragment in summary, summary
     minimal = summarize(parse_config(BASE, SOURCE))
     assert "capture            : off" in minimal and "storage throttling : off" in minimal
+    assert ("ACLs               : on, 5 bindings in the config, super users User:admin, closed "
+            "where no ACL is found, dynamic ACLs in topic __kafka_quota_proxy_acls") in summary
+    assert "ACLs               : off (every client may do what the proxy's own principal may)" \
+        in minimal
 
 
 def test_summary_says_what_a_broker_sees_of_each_listener_kind() -> None:
