@@ -268,6 +268,7 @@ class TopicRef:
     name: str | None
     topic_id: uuid.UUID | None
     entry: Any  # the kio entity (or the name, for ``items``)
+    error_code: int = TOPIC_AUTHORIZATION_FAILED  # what its result says when refused
 
 
 @dataclass(frozen=True, slots=True)
@@ -463,11 +464,13 @@ def _error_fields(cls: type, error_code: int = TOPIC_AUTHORIZATION_FAILED) -> di
 
 
 def error_result(cls: type, ref: TopicRef, partitions: list[int] | None = None,
-                 error_code: int = TOPIC_AUTHORIZATION_FAILED) -> Any:
+                 error_code: int | None = None) -> Any:
     """``cls``'s result for a refused topic: its name or id as the request gave them,
     TOPIC_AUTHORIZATION_FAILED on the topic or on each partition the request named (or
     ``partitions``)."""
     hints = _hints(cls)
+    if error_code is None:
+        error_code = ref.error_code
     given: dict[str, Any] = _error_fields(cls, error_code)
     if partitions is None:
         partitions = _request_partitions(ref.entry)
@@ -591,7 +594,9 @@ def refused_response(request: TopicRequest, refused: Sequence[TopicRef]) -> byte
         if "error_code" not in names:
             raise MalformedFrame(f"{apis.api_name(api_key)} v{version}: no top-level error "
                                  "to answer a refused topic with")
-        value = blank(cls, error_code=ErrorCode(TOPIC_AUTHORIZATION_FAILED))
+        codes = {ref.error_code for ref in refused}
+        value = blank(cls, error_code=ErrorCode(
+            codes.pop() if len(codes) == 1 else TOPIC_AUTHORIZATION_FAILED))
     return (encode_response_header(request.correlation_id,
                                    apis.response_header_version(api_key, version))
             + encode(value))
@@ -662,8 +667,7 @@ def metadata_amended(value: Any, version: int, refused: Sequence[TopicRef],
     names = {f.name for f in dataclasses.fields(cls)}
     errors = []
     for ref in refused:
-        given: dict[str, Any] = {"error_code": ErrorCode(TOPIC_AUTHORIZATION_FAILED),
-                                 "name": ref.name}
+        given: dict[str, Any] = {"error_code": ErrorCode(ref.error_code), "name": ref.name}
         if "topic_id" in names:
             given["topic_id"] = ref.topic_id or ZERO_UUID
             if ref.topic_id is not None and ref.name is None:

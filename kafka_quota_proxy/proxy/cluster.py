@@ -106,11 +106,12 @@ async def authenticate(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
 
 
 async def fetch_brokers(host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None,
-                        identity: OwnIdentity | None = None, topics: Sequence[str] = (),
+                        identity: OwnIdentity | None = None, topics: Sequence[str] | None = (),
                         seen: Callable[[str, Any], None] | None = None) -> list[BrokerInfo]:
     """Ask one broker for the cluster's brokers; with ``topics`` (Metadata v4+, which never
-    creates them), also for those topics: ``seen(name, topic_id)`` for each one it has (the
-    topic guard learns the ids of the proxy's own topics)."""
+    creates them), also for those topics, or for every topic (None): ``seen(name,
+    topic_id)`` for each one it has (the topic guard learns the ids of the proxy's own
+    topics, the ACLs those of every topic)."""
     reader, writer = await asyncio.wait_for(
         asyncio.open_connection(host, port, ssl=tls,
                                 server_hostname=host if tls is not None else None), timeout)
@@ -126,8 +127,10 @@ async def fetch_brokers(host: str, port: int, timeout: float, tls: ssl.SSLContex
             )
             if version < 1:
                 raise ConnectionError("broker offers no usable Metadata version")
-            asked: tuple[Any, ...] = ()
-            if topics and version >= 4:
+            asked: tuple[Any, ...] | None = ()
+            if topics is None:
+                asked = None  # every topic
+            elif topics and version >= 4:
                 module = __import__(load_request_schema(ApiKey.METADATA, version).__module__,
                                     fromlist=["MetadataRequestTopic"])
                 extra = {"topic_id": None} if version >= 10 else {}
@@ -146,7 +149,7 @@ async def fetch_brokers(host: str, port: int, timeout: float, tls: ssl.SSLContex
             response = decode_response(ApiKey.METADATA, version, body)
     finally:
         writer.close()
-    if asked and seen is not None:
+    if (asked is None or asked) and seen is not None:
         for t in response.topics:
             if t.name is not None and not t.error_code:
                 seen(str(t.name), getattr(t, "topic_id", None))

@@ -17,7 +17,7 @@ import contextlib
 import resource
 import signal
 import ssl
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from kafka_quota_proxy.config.schema import HostPort, ProxyConfig, QuotasConfig
@@ -62,6 +62,7 @@ F = TypeVar("F", bound=Feature)
 # the metrics endpoint and its scrapers, metadata refreshes, the storage reader, capture
 # files, logs.
 FD_RESERVE = 64
+REFRESH_SOON_MIN_S = 1.0
 
 
 def fd_limit() -> int:
@@ -103,6 +104,9 @@ class Proxy:
                                     int(config.quotas.sensor_idle_expiry_seconds * 1000))
         # the ACLs (the topic guard asks them per topic, the ACL feature per request)
         self.acls = Acls(config.acls) if config.acls is not None else None
+        self._refresh_now = asyncio.Event()  # ``refresh_soon``
+        if self.acls is not None:
+            self.acls.on_unknown_id = self.refresh_soon
         self.servers: dict[str, Server] = {}
         self.fd_limit = fd_limit()
         self.max_connections = config.network.max_connections or max(
@@ -282,9 +286,7 @@ class Proxy:
         for target in self.bootstrap_targets():
             try:
                 brokers = await fetch_brokers(target[0], target[1], timeout, self.upstream_tls,
-                                              self.own_identity,
-                                              sorted(self.topic_guard.topics.names),
-                                              self.topic_guard.learn)
+                                              self.own_identity, *self._topics_asked())
             except (OSError, TimeoutError, asyncio.IncompleteReadError, ConnectionError,
                     ValueError) as exc:
                 log.debug(
@@ -302,9 +304,30 @@ class Proxy:
         self.cluster_reachable.clear()
         return False
 
+    def _topics_asked(self) -> tuple[list[str] | None, Callable[[str, Any], None]]:
+        """What the metadata refresh asks of the topics: the proxy's own (the topic guard
+        learns their ids), or with ACLs every topic (requests naming topics by id are
+        authorized by their names)."""
+        guard, acls = self.topic_guard, self.acls
+        if acls is None:
+            return sorted(guard.topics.names), guard.learn
+
+        def learn(name: str, topic_id: Any) -> None:
+            guard.learn(name, topic_id)
+            acls.learn_topic(name, topic_id)
+
+        return None, learn
+
+    def refresh_soon(self) -> None:
+        """Refresh the metadata now (a request named a topic id this process has not
+        learnt), at most once a second."""
+        self._refresh_now.set()
+
     async def _refresh_loop(self) -> None:
         delay = 0.25
+        loop = asyncio.get_running_loop()
         while not self.connections.draining:
+            refreshed_at = loop.time()
             ok = await self.refresh_brokers()
             if ok:
                 delay = self.config.upstream.metadata_refresh_seconds
@@ -314,7 +337,13 @@ class Proxy:
                     upstream=[str(s) for s in self.config.upstream.bootstrap_servers],
                 )
                 delay = min(max(delay * 2, 0.25), self.config.upstream.metadata_refresh_seconds)
-            await asyncio.sleep(delay)
+            self._refresh_now.clear()
+            try:
+                await asyncio.wait_for(self._refresh_now.wait(), delay)
+            except TimeoutError:
+                continue
+            # asked (``refresh_soon``): at once, but at most one refresh a second
+            await asyncio.sleep(max(0.0, refreshed_at + REFRESH_SOON_MIN_S - loop.time()))
 
     # ------------------------------------------------------------------ features' state
     async def _expire_loop(self) -> None:

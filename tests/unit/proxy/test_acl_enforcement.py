@@ -386,3 +386,33 @@ def test_authorized_operations_in_metadata_are_the_clients() -> None:
     read, write, describe = (1 << int(op) for op in (Op.READ, Op.WRITE, Op.DESCRIBE))
     assert shown.topics[0].topic_authorized_operations == read | write | describe
     assert shown.cluster_authorized_operations == 0
+
+
+def test_a_topic_id_never_learnt_is_unknown_and_asks_for_a_refresh() -> None:
+    m = _module(1, 13)
+    request = m.FetchRequest(
+        replica_id=-1, max_wait=timedelta(milliseconds=500), min_bytes=1, max_bytes=1 << 20,
+        isolation_level=0, session_id=0, session_epoch=-1, topics=tuple(m.FetchTopic(
+            topic_id=t, partitions=(m.FetchPartition(
+                partition=0, current_leader_epoch=-1, fetch_offset=0, last_fetched_epoch=-1,
+                log_start_offset=-1, partition_max_bytes=1 << 20),))
+            for t in (A_ID, uuid.UUID(int=0xC))),
+        forgotten_topics_data=(), rack_id="")
+    frame = encode_request_header(1, 13, 7, "c") + encode(request)
+    f, _ = _guard_filter("alice")
+    asked: list[bool] = []
+    assert f.acls is not None
+    f.acls.on_unknown_id = lambda: asked.append(True)
+    entry = _entry(1, 13)
+    new = f.request_frame(entry, frame, True)
+    assert new is not None and [t.topic_id for t in request_body(new, 1, 13).topics] == [A_ID]
+    assert asked == [True]
+    # the response gets UNKNOWN_TOPIC_ID for it (clients ask Metadata again), not 29
+    r = _module(1, 13, "response")
+    broker = r.FetchResponse(throttle_time=timedelta(0), error_code=ErrorCode(0),
+                             session_id=0, responses=())
+    assert entry.refused is not None
+    amended = TopicGuard([GUARDED]).amend(entry, encode_response_header(7, 1) + encode(broker))
+    assert amended is not None
+    assert [(t.topic_id, int(p.error_code)) for t in response_body(amended, 1, 13).responses
+            for p in t.partitions] == [(uuid.UUID(int=0xC), 100)]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -44,6 +44,8 @@ class Acls:
         self.dynamic: set[AclBinding] = set()
         self.authorizer = self._authorizer()
         self.topic_names: dict[uuid.UUID, str] = {}
+        # called when a request names an id not learnt (the proxy refreshes its topics)
+        self.on_unknown_id: Callable[[], None] | None = None
         # figures
         self.denied: dict[tuple[str, str], int] = {}
         self._logged: dict[tuple[str, str, str, str], float] = {}
@@ -104,6 +106,10 @@ class Acls:
             if len(names) >= TOPIC_IDS_MAX:
                 names.clear()
             names[topic_id] = name
+
+    def unknown_id(self) -> None:
+        if self.on_unknown_id is not None:
+            self.on_unknown_id()
 
     def observe_metadata(self, response: Any) -> None:
         for t in response.topics:

@@ -83,6 +83,18 @@ class TopicAccess:
         self.access = access
         self.guarded = guarded
 
+    def unknown(self, name: str | None, topic_id: uuid.UUID | None) -> bool:
+        """A topic named by an id this process has not learnt (refused with
+        UNKNOWN_TOPIC_ID, which clients answer by asking Metadata again; the proxy refreshes
+        its own view of the topics at once)."""
+        if name is not None or topic_id is None:
+            return False
+        acls = self.access.acls
+        if topic_id in acls.topic_names:
+            return False
+        acls.unknown_id()
+        return True
+
     def name_of(self, name: str | None, topic_id: uuid.UUID | None) -> str | None:
         if name is not None:
             return name

@@ -69,6 +69,7 @@ _PRODUCE = int(apis.ApiKey.PRODUCE)
 _FETCH = int(apis.ApiKey.FETCH)
 _METADATA = int(apis.ApiKey.METADATA)
 _REPLICA_STATE_FROM = 15
+UNKNOWN_TOPIC_ID = 100
 
 
 class TopicGuardFilter(Filter):
@@ -204,7 +205,9 @@ class TopicGuardFilter(Filter):
             request = read_topics(frame, key, version)
         except MalformedFrame:
             return None  # the broker answers it (or closes) as it would
-        refused = [r for r in request.refs if access.refused(key, r.name, r.topic_id)]
+        refused = [dataclasses.replace(r, error_code=UNKNOWN_TOPIC_ID)
+                   if access.unknown(r.name, r.topic_id) else r
+                   for r in request.refs if access.refused(key, r.name, r.topic_id)]
         if key == _METADATA:
             return self._metadata(entry, frame, patchable, request, refused, access)
         return self._refuse(entry, frame, patchable, request, refused)
