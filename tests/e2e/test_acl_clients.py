@@ -9,7 +9,7 @@ SIGHUP reload that takes an allow away from a live producer.
 ``tests/e2e/test_acls.py`` covers librdkafka's plain producer, group consumer, topic creation
 and Metadata listing; librdkafka is used here only for what it does not cover.
 
-Notes on the clients (not on the proxy): tansu answers aiokafka's InitProducerId (v1)
+Notes on the clients (not on the proxy): tansu answers aiokafka's InitProducerId (v0)
 UNKNOWN_SERVER_ERROR, so aiokafka's transactional and idempotent producers are exercised only
 where the proxy denies them before tansu is asked; kafka-python 3.0's ``describe_configs``
 drops per-resource error codes, so describe configs is asserted with aiokafka and librdkafka.
