@@ -192,6 +192,10 @@ class StandardAuthorizer:
         """The bindings the filter matches (DescribeAcls)."""
         return [b for b in self._bindings if matching.matches(b)]
 
+    def cached(self) -> int:
+        """Decisions held in the cache (at most ``CACHE_MAX``)."""
+        return len(self._cache)
+
     def _changed(self) -> None:
         self.generation += 1
         if self._cache:

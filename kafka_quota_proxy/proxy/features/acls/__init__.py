@@ -68,6 +68,9 @@ class AclsFeature(Feature):
         if config.acls is not None:
             self.acls.reload(config.acls)
 
+    def state_entries(self) -> dict[str, int]:
+        return self.acls.state_entries()
+
     def metric_families(self) -> Iterator[Any]:
         yield from self.acls.metric_families()
         yield from self.store.metric_families()

@@ -139,6 +139,11 @@ class Acls:
                     resource=name[:300], api=api)
 
     # ------------------------------------------------------------------ figures
+    def state_entries(self) -> dict[str, int]:
+        """The structures keyed by names clients choose (``docs/security.md``)."""
+        return {"acl_decisions": self.authorizer.cached(), "acl_denial_logs": len(self._logged),
+                "acl_topic_ids": len(self.topic_names)}
+
     def metric_families(self) -> Iterator[Any]:
         g = GaugeMetricFamily("kafka_proxy_acls", "ACL bindings in force, by source",
                               labels=["source"])
