@@ -416,3 +416,31 @@ def test_a_topic_id_never_learnt_is_unknown_and_asks_for_a_refresh() -> None:
     assert amended is not None
     assert [(t.topic_id, int(p.error_code)) for t in response_body(amended, 1, 13).responses
             for p in t.partitions] == [(uuid.UUID(int=0xC), 100)]
+
+
+def test_groups_and_the_cluster_show_the_clients_authorized_operations() -> None:
+    f = AclFilter(FakeFilterHost("alice"), _acls())
+    entry = _entry(15, 5)
+    assert f.request_frame(entry, kio_request(15, 5, 7, groups=("a-1",),
+                                              include_authorized_operations=True), True) is None
+    m = _module(15, 5, "response")
+    broker = m.DescribeGroupsResponse(throttle_time=timedelta(0), groups=(m.DescribedGroup(
+        error_code=ErrorCode(0), group_id="a-1", group_state="Stable", protocol_type="consumer",
+        protocol_data="range", members=(), authorized_operations=0b11111111),))
+    assert entry.refused is not None
+    amended = entry.refused.amend(entry, encode_response_header(7, 1) + encode(broker))
+    assert amended is not None
+    read, describe = 1 << int(Op.READ), 1 << int(Op.DESCRIBE)
+    assert response_body(amended, 15, 5).groups[0].authorized_operations == read | describe
+    entry = _entry(60, 1)
+    f.request_frame(entry, kio_request(60, 1, 7, include_cluster_authorized_operations=True,
+                                       endpoint_type=1), True)
+    c = _module(60, 1, "response")
+    cluster = c.DescribeClusterResponse(
+        throttle_time=timedelta(0), error_code=ErrorCode(0), error_message=None,
+        endpoint_type=1, cluster_id="c", controller_id=1, brokers=(),
+        cluster_authorized_operations=0b11111111)
+    assert entry.refused is not None
+    amended = entry.refused.amend(entry, encode_response_header(7, 1) + encode(cluster))
+    assert amended is not None
+    assert response_body(amended, 60, 1).cluster_authorized_operations == 0

@@ -32,7 +32,7 @@ from kafka_quota_proxy.protocol.errors import MalformedFrame
 from kafka_quota_proxy.protocol.headers import parse_request_header, parse_response_header
 from kafka_quota_proxy.protocol.interests import Interest
 from kafka_quota_proxy.protocol.topic_fields import encode
-from kafka_quota_proxy.proxy.features.acls.state import Access, Acls
+from kafka_quota_proxy.proxy.features.acls.state import NOT_ASKED, Access, Acls
 from kafka_quota_proxy.proxy.filters.base import Filter, FilterHost
 from kafka_quota_proxy.proxy.logs import get_logger
 
@@ -182,23 +182,53 @@ ITEMIZED: dict[int, tuple[str, str, int]] = {
 
 
 class ItemErrors:
-    """``InFlight.refused`` of a request forwarded without its denied items: their error
-    entries (as Kafka's error response has them) added to the broker's answer (``amend``)."""
+    """``InFlight.refused`` of a request answered item by item: the denied items' error
+    entries (as Kafka's error response has them) added to the broker's answer, and, where the
+    request asked for them, each group's ``authorized_operations`` the client's (``amend``)."""
 
-    __slots__ = ("entries", "field")
+    __slots__ = ("access", "entries", "field")
 
-    def __init__(self, field: str, entries: tuple[Any, ...]) -> None:
+    def __init__(self, field: str, entries: tuple[Any, ...],
+                 access: Access | None = None) -> None:
         self.field = field
         self.entries = entries
+        self.access = access
 
     def amend(self, entry: InFlight, frame: bytes | memoryview) -> bytes | None:
         key, version = entry.api_key, entry.api_version
         value = response_body(frame, key, version)
         header = parse_response_header(frame, 0, len(frame),
                                        apis.response_header_version(key, version))
-        items = (*getattr(value, self.field), *self.entries)
+        items = getattr(value, self.field)
+        access = self.access
+        if access is not None:
+            items = tuple(dataclasses.replace(
+                g, authorized_operations=access.authorized_operations(_R.GROUP, g.group_id))
+                if g.authorized_operations != NOT_ASKED and not g.error_code else g
+                for g in items)
         return bytes(frame[: header.size]) + encode(
-            dataclasses.replace(value, **{self.field: items}))
+            dataclasses.replace(value, **{self.field: (*items, *self.entries)}))
+
+
+class ClusterOperations:
+    """``InFlight.refused`` of a DescribeCluster asking for the cluster's authorized
+    operations: the client's, not the proxy's own principal's (``amend``)."""
+
+    __slots__ = ("access",)
+
+    def __init__(self, access: Access) -> None:
+        self.access = access
+
+    def amend(self, entry: InFlight, frame: bytes | memoryview) -> bytes | None:
+        key, version = entry.api_key, entry.api_version
+        value = response_body(frame, key, version)
+        if value.cluster_authorized_operations == NOT_ASKED:
+            return None
+        header = parse_response_header(frame, 0, len(frame),
+                                       apis.response_header_version(key, version))
+        return bytes(frame[: header.size]) + encode(dataclasses.replace(
+            value, cluster_authorized_operations=self.access.authorized_operations(
+                _R.CLUSTER, CLUSTER_NAME)))
 
 
 class ListedOnly:
@@ -282,7 +312,13 @@ class AclFilter(Filter):
         itemized = ITEMIZED.get(key)
         if itemized is not None and version >= itemized[2] and (
                 key != 10 or body.key_type in (0, 1)):
-            return self._items(entry, frame, patchable, body, itemized, access)
+            forwarded = self._items(entry, frame, patchable, body, itemized, access)
+            if entry.answer is None and getattr(body, "include_authorized_operations", False):
+                if isinstance(entry.refused, ItemErrors):
+                    entry.refused.access = access
+                else:
+                    entry.refused = ItemErrors(itemized[1], (), access)
+            return forwarded
         for (resource_type, operation, name), code in needs(key, version, body):
             if not access.check(operation, resource_type, name, label):
                 self._deny(entry, frame, code)
@@ -290,6 +326,8 @@ class AclFilter(Filter):
         if key == 24 and version <= 3:
             self._add_partitions(entry, frame, body, access, label)
             return None
+        if key == 60 and body.include_cluster_authorized_operations:
+            entry.refused = ClusterOperations(access)
         if key == 22 and body.transactional_id is None and not (
                 access.allowed(_Op.IDEMPOTENT_WRITE, _R.CLUSTER, CLUSTER_NAME)
                 or access.any_of_type(_Op.WRITE, _R.TOPIC)):  # (idempotence: either)

@@ -30,6 +30,19 @@ from kafka_quota_proxy.proxy.logs import get_logger
 
 log = get_logger("kafka_quota_proxy.acls")
 
+_Op = AclOperation
+# The operations each resource type supports (Kafka's ``AclEntry.supportedOperations``): the
+# bits of the ``*_authorized_operations`` fields (bit = the operation's code)
+SUPPORTED_OPERATIONS: dict[ResourceType, tuple[AclOperation, ...]] = {
+    ResourceType.TOPIC: (_Op.READ, _Op.WRITE, _Op.CREATE, _Op.DESCRIBE, _Op.DELETE, _Op.ALTER,
+                         _Op.DESCRIBE_CONFIGS, _Op.ALTER_CONFIGS),
+    ResourceType.GROUP: (_Op.READ, _Op.DESCRIBE, _Op.DELETE, _Op.DESCRIBE_CONFIGS,
+                         _Op.ALTER_CONFIGS),
+    ResourceType.CLUSTER: (_Op.CREATE, _Op.CLUSTER_ACTION, _Op.DESCRIBE_CONFIGS,
+                           _Op.ALTER_CONFIGS, _Op.IDEMPOTENT_WRITE, _Op.ALTER, _Op.DESCRIBE),
+}
+NOT_ASKED = -2147483648  # Kafka's Int32.MinValue: authorized operations not asked for
+
 LOG_EVERY_S = 1.0
 LOGGED_MAX = 10_000  # (principal, resource) pairs remembered for the log's rate limit
 TOPIC_IDS_MAX = 1_000_000
@@ -181,6 +194,12 @@ class Access:
             return True
         self.acls.denial(self, operation, resource_type, name, api)
         return False
+
+    def authorized_operations(self, resource_type: ResourceType, name: str) -> int:
+        """Kafka's bit field of the operations this client may do on the resource (the
+        ``authorized_operations`` fields of Metadata, DescribeGroups, DescribeCluster...)."""
+        return sum(1 << int(op) for op in SUPPORTED_OPERATIONS[resource_type]
+                   if self.allowed(op, resource_type, name))
 
     def cluster(self, operation: AclOperation, api: str) -> bool:
         return self.check(operation, ResourceType.CLUSTER, CLUSTER_NAME, api)

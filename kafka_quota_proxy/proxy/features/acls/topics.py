@@ -60,19 +60,6 @@ CLUSTER_FIRST: dict[int, AclOperation] = {
 _DELETE_TOPICS = 20
 
 
-# The operations each resource type supports (Kafka's ``AclEntry.supportedOperations``), in
-# the ``*_authorized_operations`` bit fields (bit = the operation's code)
-TOPIC_OPERATIONS = (_Op.READ, _Op.WRITE, _Op.CREATE, _Op.DESCRIBE, _Op.DELETE, _Op.ALTER,
-                    _Op.DESCRIBE_CONFIGS, _Op.ALTER_CONFIGS)
-CLUSTER_OPERATIONS = (_Op.CREATE, _Op.CLUSTER_ACTION, _Op.DESCRIBE_CONFIGS, _Op.ALTER_CONFIGS,
-                      _Op.IDEMPOTENT_WRITE, _Op.ALTER, _Op.DESCRIBE)
-
-
-def _bits(access: Access, resource_type: ResourceType, name: str,
-          operations: tuple[AclOperation, ...]) -> int:
-    return sum(1 << int(op) for op in operations if access.allowed(op, resource_type, name))
-
-
 class TopicAccess:
     """What one connection's principal may do with topics, for the topic guard: ``refused``
     for one API's topic, and the ``RefusedTopics`` of a Produce frame (WRITE)."""
@@ -141,11 +128,11 @@ class TopicAccess:
     # ------------------------------------------------------------------ Metadata's fields
     def topic_operations(self, name: str) -> int:
         """Kafka's bit field of the operations this client may do on the topic."""
-        return _bits(self.access, _TOPIC, name, TOPIC_OPERATIONS)
+        return self.access.authorized_operations(_TOPIC, name)
 
     def cluster_operations(self) -> int:
         """Kafka's bit field of the operations this client may do on the cluster."""
-        return _bits(self.access, ResourceType.CLUSTER, "kafka-cluster", CLUSTER_OPERATIONS)
+        return self.access.authorized_operations(ResourceType.CLUSTER, "kafka-cluster")
 
     # ------------------------------------------------------------------ Produce
     def refuses_name(self, raw: bytes) -> bool:

@@ -28,6 +28,7 @@ from kafka_quota_proxy.protocol.topic_fields import (
     with_refused,
 )
 from kafka_quota_proxy.protocol.topic_guard import GuardedTopics, produce_with_refused
+from kafka_quota_proxy.proxy.features.acls.state import NOT_ASKED
 from kafka_quota_proxy.proxy.logs import get_logger
 from kafka_quota_proxy.proxy.metrics import family
 
@@ -101,9 +102,6 @@ class Omit:
 
 
 OMIT = Omit()
-
-
-NOT_ASKED = -2147483648  # Kafka's Int32.MinValue: authorized operations not asked for
 
 
 def _authorized_operations(value: Any, access: AuthorizedOperations) -> Any:
