@@ -633,7 +633,20 @@ def answer_whole(request: TopicRequest, refused: Sequence[TopicRef]) -> bool:
         return True
     if isinstance(handling, MetadataHandling | LeftOut):
         return False
-    return len(request.refs) == len(refused)
+    return _entries(request) == len(refused)
+
+
+def _entries(request: TopicRequest) -> int:
+    """The entries of a request's topic arrays: its topic refs, and a resource array's other
+    resources (a broker's or a group's config, beside topics': not left out when the topics
+    are refused)."""
+    total = 0
+    for array in topic_arrays(request.api_key, request.version):
+        if array.resource:
+            total += sum(1 for _ in _walk(request.value, array.steps, ()))
+        else:
+            total += sum(1 for ref in request.refs if ref.array == array)
+    return total
 
 
 # ---------------------------------------------------------------------- Metadata

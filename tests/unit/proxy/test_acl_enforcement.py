@@ -444,3 +444,48 @@ def test_groups_and_the_cluster_show_the_clients_authorized_operations() -> None
     amended = entry.refused.amend(entry, encode_response_header(7, 1) + encode(cluster))
     assert amended is not None
     assert response_body(amended, 60, 1).cluster_authorized_operations == 0
+
+
+def _describe_configs(resources: list[tuple[int, str]]) -> bytes:
+    m = _module(32, 4)
+    return kio_request(32, 4, 7, resources=tuple(m.DescribeConfigsResource(
+        resource_type=t, resource_name=n, configuration_keys=None) for t, n in resources),
+        include_synonyms=False, include_documentation=False)
+
+
+def _results(answer: bytes) -> list[tuple[int, str, int]]:
+    return sorted((int(r.resource_type), r.resource_name, int(r.error_code))
+                  for r in response_body(answer, 32, 4).results)
+
+
+def test_config_resources_are_answered_one_by_one() -> None:
+    """The cluster's and groups' by the ACL filter, topics' by the topic guard: the broker
+    is asked only for what the client may see, every denied resource gets its error."""
+    acls = _acls()
+    host = FakeFilterHost("ops")
+    acl_filter, guard_filter = AclFilter(host, acls), TopicGuardFilter(host, TopicGuard([]), acls)
+    entry = _entry(32, 4)
+    frame = _describe_configs([(4, "1"), (32, "g"), (2, "t")])
+    forwarded = acl_filter.request_frame(entry, frame, True)
+    assert forwarded is not None
+    forwarded = guard_filter.request_frame(entry, forwarded, True)  # (ops may not see t)
+    assert forwarded is not None
+    assert [(int(r.resource_type), r.resource_name)
+            for r in request_body(forwarded, 32, 4).resources] == [(4, "1")]
+    m = _module(32, 4, "response")
+    broker = m.DescribeConfigsResponse(throttle_time=timedelta(0), results=(
+        m.DescribeConfigsResult(error_code=ErrorCode(0), error_message=None, resource_type=4,
+                                resource_name="1", configs=()),))
+    assert entry.refused is not None
+    amended = TopicGuard([]).amend(entry, encode_response_header(7, 1) + encode(broker))
+    assert amended is not None
+    assert _results(amended) == [(2, "t", 29), (4, "1", 0), (32, "g", 30)]
+    # nothing left for the broker: answered by the proxy, with every resource's error
+    alice = FakeFilterHost("alice")
+    entry = _entry(32, 4)
+    forwarded = AclFilter(alice, acls).request_frame(
+        entry, _describe_configs([(4, "1"), (2, "a-orders")]), True)
+    assert forwarded is not None
+    TopicGuardFilter(alice, TopicGuard([]), acls).request_frame(entry, forwarded, True)
+    assert entry.answer is not None
+    assert _results(entry.answer) == [(2, "a-orders", 29), (4, "1", 31)]

@@ -6,12 +6,12 @@ is answered by the proxy with the response Kafka's broker gives (``getErrorRespo
 guard's (``proxy.features.acls.topics``); the lists a broker answers in full (ListGroups,
 ListTransactions) are filtered on their way back (``ListedOnly``).
 
-Where Kafka answers a list item by item (FindCoordinator v4+, DescribeGroups, DeleteGroups,
-DescribeTransactions, ConsumerGroupDescribe), the denied items are answered by the proxy and
-merged into the broker's answer to the others (``ItemErrors``). OffsetFetch v8+ and config
-resources with any item denied are answered whole with each item's error (the allowed items
-of a mixed request get the error too). An API whose error response the proxy cannot build,
-when denied, closes the connection (``FilterHost.refuse``), logged.
+Where Kafka answers a list item by item (``ITEMIZED``: OffsetFetch v8+, FindCoordinator v4+,
+DescribeGroups, DeleteGroups, DescribeTransactions, ConsumerGroupDescribe, config resources),
+the denied items are answered by the proxy and merged into the broker's answer to the others
+(``ItemErrors``; the topic guard merges its refused topics' results with them). An API whose
+error response the proxy cannot build, when denied, closes the connection
+(``FilterHost.refuse``), logged.
 """
 
 from __future__ import annotations
@@ -133,9 +133,10 @@ def needs(api_key: int, version: int, body: Any) -> list[tuple[Need, int]]:
     if lists is not None:
         out += [((_R.GROUP, lists[1], g), GROUP_AUTHORIZATION_FAILED)
                 for g in _names(getattr(body, lists[0]))]
-    if api_key == 9:  # OffsetFetch: one group (v0-7) or several
-        groups = [body.group_id] if version <= 7 else list(_names(body.groups))
-        out += [((_R.GROUP, _Op.DESCRIBE, g), GROUP_AUTHORIZATION_FAILED) for g in groups]
+    if api_key == 9 and version <= 7:  # OffsetFetch: one group (v0-7) or several
+        out.append(((_R.GROUP, _Op.DESCRIBE, body.group_id), GROUP_AUTHORIZATION_FAILED))
+    elif api_key == 9 or api_key in _CONFIG_OPERATION:
+        out += [check for _, check in item_checks(api_key, version, body) if check is not None]
     elif api_key == 10:  # FindCoordinator: one key (v0-3) or several, of one type
         keys = [body.key] if version <= 3 else list(body.coordinator_keys)
         key_type = body.key_type if version >= 1 else 0
@@ -149,20 +150,36 @@ def needs(api_key: int, version: int, body: Any) -> list[tuple[Need, int]]:
     elif api_key == 65:  # DescribeTransactions
         out += [((_R.TRANSACTIONAL_ID, _Op.DESCRIBE, t), TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
                 for t in body.transactional_ids]
-    elif api_key in _CONFIG_OPERATION:
-        op = _CONFIG_OPERATION[api_key]
-        for resource in body.resources:
-            kind = int(resource.resource_type)
-            if kind in _CLUSTER_CONFIGS:
-                out.append(cluster(op))
-            elif kind == _GROUP_CONFIGS:
-                out.append(((_R.GROUP, op, resource.resource_name),
-                            GROUP_AUTHORIZATION_FAILED))
     elif api_key == 60 and getattr(body, "endpoint_type", 1) == 2:  # DescribeCluster
         out.append(cluster(_Op.ALTER))
     elif api_key in _BROKER_ONLY:
         out.append(cluster(_Op.CLUSTER_ACTION))
     return out
+
+
+def item_checks(api_key: int, version: int, body: Any
+                ) -> list[tuple[Any, tuple[Need, int] | None]]:
+    """Each item of a request answered item by item (``ITEMIZED``), with what Kafka asks
+    for it here (None: nothing: a topic's config resource, the topic guard's)."""
+    if api_key in _CONFIG_OPERATION:
+        op = _CONFIG_OPERATION[api_key]
+        out: list[tuple[Any, tuple[Need, int] | None]] = []
+        for resource in body.resources:
+            kind = int(resource.resource_type)
+            if kind in _CLUSTER_CONFIGS:
+                out.append((resource, ((_R.CLUSTER, op, CLUSTER_NAME),
+                                       CLUSTER_AUTHORIZATION_FAILED)))
+            elif kind == _GROUP_CONFIGS:
+                out.append((resource, ((_R.GROUP, op, resource.resource_name),
+                                       GROUP_AUTHORIZATION_FAILED)))
+            else:
+                out.append((resource, None))
+        return out
+    if api_key == 9:  # OffsetFetch v8+
+        return [(g, ((_R.GROUP, _Op.DESCRIBE, g.group_id), GROUP_AUTHORIZATION_FAILED))
+                for g in body.groups]
+    items = getattr(body, ITEMIZED[api_key][0])
+    return list(zip(items, needs(api_key, version, body), strict=True))  # (one per item)
 
 
 # the API keys ``needs`` may ask about, and those whose whole request it reads
@@ -173,11 +190,15 @@ CHECKED = frozenset({*CLUSTER_ONLY, *REQUEST_GROUP, *GROUP_LISTS, 9, 10, 22, 24,
 # APIs answering item by item (the request's list, the response's, from which version):
 # a request with some items denied goes on without them, their errors merged into the answer
 ITEMIZED: dict[int, tuple[str, str, int]] = {
+    9: ("groups", "groups", 8),  # OffsetFetch
     10: ("coordinator_keys", "coordinators", 4),  # FindCoordinator
     15: ("groups", "groups", 0),  # DescribeGroups
     42: ("groups_names", "results", 0),  # DeleteGroups
     65: ("transactional_ids", "transaction_states", 0),  # DescribeTransactions
     69: ("group_ids", "groups", 0),  # ConsumerGroupDescribe
+    32: ("resources", "results", 0),  # DescribeConfigs
+    33: ("resources", "responses", 0),  # AlterConfigs
+    44: ("resources", "responses", 0),  # IncrementalAlterConfigs
 }
 
 
@@ -341,34 +362,37 @@ class AclFilter(Filter):
         into the broker's answer to the others), as Kafka answers each."""
         key, version = entry.api_key, entry.api_version
         field, response_field, _ = itemized
-        items = tuple(getattr(body, field))
         label = apis.api_name(key)
-        checks = needs(key, version, body)
-        denied = [(item, code) for item, ((kind, op, name), code) in zip(items, checks,
-                                                                         strict=True)
-                  if not access.check(op, kind, name, label)]
+        checks = item_checks(key, version, body)
+        denied: dict[int, int] = {}  # item's index -> its error
+        for i, (_, check) in enumerate(checks):
+            if check is not None:
+                (kind, op, name), code = check
+                if not access.check(op, kind, name, label):
+                    denied[i] = code
         if not denied:
             return None
-        code = denied[0][1]
-        if len(denied) == len(items):
-            self._deny(entry, frame, code)
+        if len(denied) == len(checks):
+            self._deny(entry, frame, next(iter(denied.values())))
             return None
         if not patchable:
             self._refuse(entry, "frame_too_large")
             return None
         head = frame[: parse_request_header(frame, 0, len(frame)).size]
-        out = {item for item, _ in denied}
-        refused = head + encode(dataclasses.replace(body, **{field: tuple(
-            item for item in items if item in out)}))
-        try:
-            answer = error_response(key, version, entry.correlation_id, refused, code)
-        except (MalformedFrame, NotImplementedError):
-            self._refuse(entry, "no_error_response")
-            return None
-        entry.refused = ItemErrors(response_field, tuple(
-            getattr(response_body(answer[4:], key, version), response_field)))
+        errors: list[Any] = []
+        for code in sorted(set(denied.values())):  # (Kafka's error entries, per error)
+            only = tuple(item for i, (item, _) in enumerate(checks) if denied.get(i) == code)
+            try:
+                answer = error_response(key, version, entry.correlation_id,
+                                        head + encode(dataclasses.replace(body, **{field: only})),
+                                        code)
+            except (MalformedFrame, NotImplementedError):
+                self._refuse(entry, "no_error_response")
+                return None
+            errors += getattr(response_body(answer[4:], key, version), response_field)
+        entry.refused = ItemErrors(response_field, tuple(errors))
         return head + encode(dataclasses.replace(body, **{field: tuple(
-            item for item in items if item not in out)}))
+            item for i, (item, _) in enumerate(checks) if i not in denied)}))
 
     def _add_partitions(self, entry: InFlight, frame: bytes, body: Any, access: Access,
                         label: str) -> None:

@@ -263,6 +263,7 @@ class TopicGuardFilter(Filter):
             return None
         self._log_refused(entry, refused)
         handling = HANDLING[key]
+        before = entry.refused if hasattr(entry.refused, "amend") else None  # (the ACLs')
         if isinstance(handling, MetadataHandling):
             value = metadata_without(request.value, version, refused)
             only = version == 0 and metadata_request_topics(value, version) is None
@@ -270,12 +271,14 @@ class TopicGuardFilter(Filter):
             return bytes(frame[: request.header_size]) + encode(value)
         if answer_whole(request, refused):  # answered: never forwarded
             try:
-                entry.answer = refused_response(request, refused)
+                answer = refused_response(request, refused)
+                entry.answer = answer if before is None else (
+                    before.amend(entry, answer) or answer)
             except MalformedFrame:
                 self._close(entry, "no_answer")
             return None
         if not isinstance(handling, LeftOut):
-            entry.refused = Results(refused)
+            entry.refused = Results(refused, before)
         return without(frame, request, refused)
 
     # ------------------------------------------------------------------ followers

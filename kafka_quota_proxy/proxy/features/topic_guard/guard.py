@@ -62,12 +62,20 @@ class Produce:
 
 
 class Results:
-    """``InFlight.refused`` of a request forwarded without some topics."""
+    """``InFlight.refused`` of a request forwarded without some topics; ``then``: what an
+    earlier filter had to amend in the same response (the ACLs' items), after."""
 
-    __slots__ = ("refs",)
+    __slots__ = ("refs", "then")
 
-    def __init__(self, refs: list[TopicRef]) -> None:
+    def __init__(self, refs: list[TopicRef], then: Amendment | None = None) -> None:
         self.refs = refs
+        self.then = then
+
+
+class Amendment(Protocol):
+    """Another feature's ``InFlight.refused``: it amends the response itself."""
+
+    def amend(self, entry: InFlight, frame: bytes | memoryview) -> bytes | None: ...
 
 
 class Metadata:
@@ -150,7 +158,10 @@ class TopicGuard:
             return produce_with_refused(frame, entry.api_version, refused.topics,
                                         refused.error_code)
         if isinstance(refused, Results):
-            return with_refused(frame, entry.api_key, entry.api_version, refused.refs)
+            new = with_refused(frame, entry.api_key, entry.api_version, refused.refs)
+            if refused.then is not None:
+                new = refused.then.amend(entry, new if new is not None else frame) or new
+            return new
         if refused is OMIT:
             return response_without(frame, entry.api_key, entry.api_version,
                                     self.topics.ref_guarded)
