@@ -149,6 +149,7 @@ def test_the_baked_configuration_runs_without_writing(tmp_path: Path) -> None:
         env=env, cwd=read_only, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_for_port("127.0.0.1", bootstrap, 30)
+        wait_for_port("127.0.0.1", metrics, 30)  # (opened just after the listeners)
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=10) as r:
             assert b"\nkafka_proxy_upstream_brokers " in r.read()
     finally:
