@@ -85,7 +85,8 @@ def _consume(proxy: ProxyProcess, user: str, topic: str, group: str, n: int
              ) -> tuple[list[bytes], list[KafkaError]]:
     """Up to ``n`` values read by a group consumer, and the errors it met (it stops at the
     first error, or after 30 s)."""
-    consumer = Consumer(_conf(proxy, user, **{"group.id": group,
+    # (session.timeout.ms 6 s: tansu makes a group join last half of it, 22.5 s by default)
+    consumer = Consumer(_conf(proxy, user, **{"group.id": group, "session.timeout.ms": 6000,
                                               "auto.offset.reset": "earliest"}))
     values: list[bytes] = []
     errors: list[KafkaError] = []
