@@ -30,6 +30,10 @@ class Reloaded(Protocol):
     def reconfigure(self) -> None:
         """The quotas in force changed: every feature takes them."""
 
+    def as_run(self, config: ProxyConfig) -> ProxyConfig:
+        """A config read from the file, as this process runs it (a worker's metrics on a
+        port of its own): what a reload compares with the config in force."""
+
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None: ...
 
 
@@ -38,6 +42,7 @@ class ConfigReload:
         self.proxy = proxy
         self.path = path
         self._lock = asyncio.Lock()
+        self.restart_needed: list[str] = []  # the sections the last reload could not apply
 
     def reload(self) -> None:
         """SIGHUP: reload in the background (see ``reload_config``)."""
@@ -70,6 +75,7 @@ class ConfigReload:
     def apply(self, new: ProxyConfig) -> None:
         proxy = self.proxy
         old = proxy.config
+        new = proxy.as_run(new)
         live = ["quotas"]
         if (new.acls is None) == (old.acls is None):  # bindings reload; on/off: a restart
             live.append("acls")
@@ -84,6 +90,7 @@ class ConfigReload:
         if new.quotas != old.quotas:
             proxy.reconfigure()
         proxy.stats.reloads["success"] += 1
+        self.restart_needed = ignored
         log.info("config_reloaded", file=self.path, quota_entities=len(new.quotas.entities),
                  **({"restart_needed_for": ignored} if ignored else {}))
 

@@ -371,6 +371,10 @@ class Proxy:
             return None
         return int(server.sockets[0].getsockname()[1])
 
+    def as_run(self, config: ProxyConfig) -> ProxyConfig:
+        """A config read from the file, as this process runs it (``as_worker``)."""
+        return config if self.worker is None else as_worker(config)
+
     def topics_made(self) -> None:
         if self.topics is not None:
             self.topics.check_soon()
@@ -430,6 +434,13 @@ class Proxy:
         log.info("proxy_stopped")
 
 
+def as_worker(config: ProxyConfig) -> ProxyConfig:
+    """The config as a worker process runs it: its metrics on a port of its own (the
+    supervisor serves ``metrics.listen``, scraping each worker's)."""
+    metrics = config.metrics.model_copy(update={"listen": HostPort("127.0.0.1", 0)})
+    return config.model_copy(update={"metrics": metrics})
+
+
 async def run_proxy(config: ProxyConfig, stop: asyncio.Event,
                     config_path: str | None = None,
                     worker: tuple[int, int] | None = None) -> None:
@@ -438,8 +449,7 @@ async def run_proxy(config: ProxyConfig, stop: asyncio.Event,
     reports on the fd once serving."""
     before, after = raise_fd_limit()
     if worker is not None:
-        metrics = config.metrics.model_copy(update={"listen": HostPort("127.0.0.1", 0)})
-        config = config.model_copy(update={"metrics": metrics})
+        config = as_worker(config)
     proxy = Proxy(config, config_path, worker=worker[0] if worker else None)
     log.info("fd_limit", soft_before=before, soft=after, max_connections=proxy.max_connections)
     await proxy.start()

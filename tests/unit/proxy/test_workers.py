@@ -76,3 +76,41 @@ def test_merged_metrics_label_every_sample_with_its_worker() -> None:
         "kafka_proxy_upstream_latency_seconds"].samples if s.name.endswith("_count")}
     assert counts == {"0": 1.0, "1": 2.0}
     assert all("worker" in s.labels for f in families.values() for s in f.samples)
+
+
+class _Reloaded:
+    """What a reload changes of a worker process (``proxy.reload.Reloaded``)."""
+
+    def __init__(self, config: object, worker: bool) -> None:
+        from kafka_quota_proxy.proxy.metrics import ProxyStats
+        from kafka_quota_proxy.proxy.server import as_worker
+
+        self.as_worker = as_worker
+        self.worker = worker
+        self.config = as_worker(config) if worker else config  # type: ignore[arg-type]
+        self.stats = ProxyStats()
+        self.features: list[object] = []
+
+    def reconfigure(self) -> None:
+        pass
+
+    def as_run(self, config: object) -> object:
+        return self.as_worker(config) if self.worker else config
+
+    def spawn(self, coro: object) -> None:
+        raise AssertionError("not spawned")
+
+
+@pytest.mark.parametrize("worker", [False, True])
+def test_reloading_an_unchanged_file_needs_no_restart_in_a_worker_either(worker: bool) -> None:
+    """A worker runs its metrics on a port of its own: an unchanged file is not a change of
+    ``metrics`` (once warned ``restart_needed_for=['metrics']`` at every SIGHUP)."""
+    from kafka_quota_proxy.proxy.reload import ConfigReload
+
+    config = parse_config(BASE + "workers: 2\nmetrics: {listen: '127.0.0.1:9300'}\n", "<t>")
+    proxy = _Reloaded(config, worker)
+    reload = ConfigReload(proxy, None)  # type: ignore[arg-type]
+    reload.apply(config)
+    assert reload.restart_needed == []
+    reload.apply(parse_config(BASE + "workers: 3\nmetrics: {listen: '127.0.0.1:9300'}\n", "<t>"))
+    assert reload.restart_needed == ["workers"]
