@@ -137,7 +137,9 @@ async def test_ip_entities_are_described_and_altered() -> None:
 def test_describe_refused_to_other_principals() -> None:
     admin, _ = _admin()
     value = _answer(_run(QuotaAdminFilter(FakeFilterHost("mallory"), admin), _describe([])))
-    assert (value.error_code, value.error_message, value.entries) == (31, None, None)
+    # (Kafka's answer carries the error's message)
+    assert (value.error_code, value.error_message, value.entries) == (
+        31, "Cluster authorization failed.", None)
     assert admin.describes["refused"] == 1
 
 
@@ -163,6 +165,7 @@ def test_alter_refused_per_entry_to_principals_not_admins() -> None:
         (31, "Cluster authorization failed.", [("user", "bob")]),
         (31, "Cluster authorization failed.", [("client-id", None)])]
     assert admin.overrides == {} and host.holds == []
+    assert admin.alters["unauthorized"] == 2 and admin.alters["applied"] == 0
 
 
 def test_validate_only_answers_and_changes_nothing() -> None:
@@ -174,7 +177,7 @@ def test_validate_only_answers_and_changes_nothing() -> None:
     assert [(e.error_code, e.error_message) for e in value.entries] == [
         (0, None), (42, "producer_byte_rate cannot be a fractional value.")]
     assert admin.overrides == {} and changed == [] and host.holds == []
-    assert admin.alters["validated"] == 1
+    assert (admin.alters["validated"], admin.alters["invalid"]) == (1, 1)
 
 
 def test_alters_refused_when_overrides_are_disabled() -> None:
@@ -304,3 +307,27 @@ async def test_an_alter_written_here_is_in_force_before_it_is_answered() -> None
     assert admin.overrides == {(("user", "bob"),): {"producer_byte_rate": 10.0}}
     await asyncio.sleep(0)
     assert changed == [1]  # (once)
+
+
+async def test_alters_are_counted_per_entity_by_outcome() -> None:
+    """2 entities applied, 1 unchanged and 3 invalid in one request count as such (the
+    counter once read 5 "applied" after 2 valid alters and 3 refused ones)."""
+    admin, _ = _admin()
+    admin._apply([Change((("user", "same"),), "producer_byte_rate", 10.0)])
+
+    async def write(changes: list[Change], principal: str) -> None:
+        admin._apply(changes)
+
+    admin.write = write  # type: ignore[method-assign]
+    host = FakeFilterHost("admin")
+    _run(QuotaAdminFilter(host, admin), _alter([
+        ([("user", "bob")], [("producer_byte_rate", 10.0, False)]),
+        ([("user", "eve")], [("producer_byte_rate", 20.0, False)]),
+        ([("user", "same")], [("producer_byte_rate", 10.0, False)]),
+        ([("user", "x")], [("producer_byte_rate", 1.5, False)]),
+        ([("user", "")], [("producer_byte_rate", 1.0, False)]),
+        ([("ip", "10.0.0.2"), ("user", "y")], [("connection_creation_rate", 2.0, False)])]))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert {k: v for k, v in admin.alters.items() if v} == {
+        "applied": 2, "unchanged": 1, "invalid": 3}

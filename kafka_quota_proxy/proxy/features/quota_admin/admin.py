@@ -32,6 +32,10 @@ log = structlog.get_logger("kafka_quota_proxy.quota_admin")
 
 TOPIC_CONFIGS = {"cleanup.policy": "compact", "min.compaction.lag.ms": "0"}
 WRITE_TIMEOUT_S = 10.0
+# What became of each entity of an AlterClientQuotas request: its change stored and in force,
+# nothing to change, valid (validate_only), refused by Kafka's validation, not allowed, its
+# write not acknowledged by the cluster
+ALTER_OUTCOMES = ("applied", "unchanged", "validated", "invalid", "unauthorized", "failed")
 
 
 class AlterFailed(Exception):
@@ -57,7 +61,8 @@ class ClientQuotaAdmin:
         self.reading = False
         self.records_read = 0
         self.bad_records = 0
-        self.alters = {"applied": 0, "validated": 0, "failed": 0, "refused": 0}
+        # AlterClientQuotas entries (one per entity) by outcome
+        self.alters = dict.fromkeys(ALTER_OUTCOMES, 0)
         self.describes = {"answered": 0, "refused": 0}
 
     @property
@@ -127,7 +132,6 @@ class ClientQuotaAdmin:
                 sends = [await producer.send(topic, value, key=key) for key, value in records]
                 await asyncio.wait_for(asyncio.gather(*sends), WRITE_TIMEOUT_S)
             except Exception as exc:
-                self.alters["failed"] += 1
                 log.error("quota_alter_failed", principal=principal, error=repr(exc)[:300])
                 await self._discard_producer()
                 raise AlterFailed(repr(exc)[:300]) from None
@@ -198,7 +202,8 @@ class ClientQuotaAdmin:
                               "1 while the overrides topic is read up to date")
         g.add_metric([], int(self.connected and self.reading))
         yield g
-        c = CounterMetricFamily("kafka_proxy_quota_alters", "AlterClientQuotas requests",
+        c = CounterMetricFamily("kafka_proxy_quota_alters",
+                                "AlterClientQuotas entries (one per entity), by outcome",
                                 labels=["result"])
         for result, n in self.alters.items():
             c.add_metric([result], n)

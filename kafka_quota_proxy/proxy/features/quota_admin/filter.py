@@ -104,7 +104,8 @@ class QuotaAdminFilter(Filter):
         admin = self.admin
         if not self._may(AclOperation.DESCRIBE_CONFIGS, "DescribeClientQuotas"):
             admin.describes["refused"] += 1
-            return describe_response(version, cid, 0, CLUSTER_AUTHORIZATION_FAILED, None, None)
+            return describe_response(version, cid, 0, CLUSTER_AUTHORIZATION_FAILED,
+                                     _CLUSTER_AUTHORIZATION_MESSAGE, None)
         try:
             found = describe(admin.view(),
                              [FilterComponent(t, m, n) for t, m, n in request.components],
@@ -123,13 +124,13 @@ class QuotaAdminFilter(Filter):
         admin = self.admin
         user = self.host.client.user
         if not self._may(AclOperation.ALTER_CONFIGS, "AlterClientQuotas"):
-            admin.alters["refused"] += 1
+            admin.alters["unauthorized"] += len(request.entries)
             log.warning("quota_alter_refused", principal=user, client_id=entry.client_id)
             return alter_response(version, cid, 0, [
                 (components, CLUSTER_AUTHORIZATION_FAILED, _CLUSTER_AUTHORIZATION_MESSAGE)
                 for components, _ in request.entries])
         if not admin.config.overrides.enabled:
-            admin.alters["refused"] += 1
+            admin.alters["invalid"] += len(request.entries)
             return alter_response(version, cid, 0, [
                 (components, INVALID_REQUEST, "client quotas cannot be altered through this "
                  "proxy: quotas.overrides.enabled is false")
@@ -137,8 +138,15 @@ class QuotaAdminFilter(Filter):
         results, changes = alter(admin.overrides, _entries(request))
         answer = [(r.components, r.error_code, r.error_message) for r in results]
         response = alter_response(version, cid, 0, answer)
+        changed = {c.entity for c in changes}
+        for r in results:  # (the changed ones once written: ``_write``)
+            if r.error_code:
+                admin.alters["invalid"] += 1
+            elif request.validate_only:
+                admin.alters["validated"] += 1
+            elif r.components not in changed:
+                admin.alters["unchanged"] += 1
         if request.validate_only or not changes:
-            admin.alters["validated" if request.validate_only else "applied"] += 1
             return response
         # answered once the cluster has the changes: the responses wait until then
         reason = f"quota_alter:{cid}"
@@ -152,11 +160,12 @@ class QuotaAdminFilter(Filter):
     async def _write(self, entry: InFlight, changes: list[Change],
                      answer: list[tuple[tuple[tuple[str, str | None], ...], int, str | None]],
                      user: str, reason: str) -> None:
+        changed = {c.entity for c in changes}
         try:
             await self.admin.write(changes, user)
-            self.admin.alters["applied"] += 1
+            self.admin.alters["applied"] += len(changed)
         except AlterFailed as exc:
-            changed = {c.entity for c in changes}
+            self.admin.alters["failed"] += len(changed)
             entry.answer = alter_response(entry.api_version, entry.correlation_id, 0, [
                 (components, UNKNOWN_SERVER_ERROR, f"the quotas could not be stored: {exc}")
                 if code == 0 and components in changed else (components, code, msg)
