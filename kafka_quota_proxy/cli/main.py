@@ -236,9 +236,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_credentials_add(args: argparse.Namespace) -> int:
     """Add or replace a user in a credentials file (salted SCRAM credentials only): the
     password is read from standard input (its first line), never from the command line."""
-    import contextlib
     import getpass
-    import os
 
     from kafka_quota_proxy.security.credentials import add_user
 
@@ -256,15 +254,60 @@ def _cmd_credentials_add(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"{path}: {exc}", file=sys.stderr)
         return 1
+    _write_credentials(path, new)
+    print(f"{path}: {args.user} set (SCRAM-SHA-256, SCRAM-SHA-512, "
+          f"{args.iterations} iterations)")
+    return 0
+
+
+def _write_credentials(path: Path, text: str) -> None:
+    """Replace the file at once (the proxy never reads a half-written file), readable by its
+    owner only."""
+    import contextlib
+    import os
+
     tmp = path.with_name(path.name + ".tmp")
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()  # (left by an earlier run: never reused with its permissions)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)  # never readable by others
     with os.fdopen(fd, "w") as f:
-        f.write(new)
-    os.replace(tmp, path)  # the proxy never reads a half-written file
-    print(f"{path}: {args.user} set (SCRAM-SHA-256, SCRAM-SHA-512, "
-          f"{args.iterations} iterations)")
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def _cmd_credentials_list(args: argparse.Namespace) -> int:
+    """The users of a credentials file and their mechanisms (never a salt or a key)."""
+    from kafka_quota_proxy.security.credentials import Credentials, listing
+
+    path = Path(args.file)
+    try:
+        credentials = Credentials.parse(path.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"{path}: {exc}", file=sys.stderr)
+        return 1
+    users = listing(credentials)
+    for user, mechanisms in users:
+        print(f"{user}\t" + ", ".join(f"{m} ({n} iterations)" for m, n in mechanisms))
+    print(f"{path}: {len(users)} user{'s' if len(users) != 1 else ''}", file=sys.stderr)
+    return 0
+
+
+def _cmd_credentials_remove(args: argparse.Namespace) -> int:
+    """Remove a user from a credentials file (the proxy refuses its logins from the next
+    reload of the file on)."""
+    from kafka_quota_proxy.security.credentials import remove_user
+
+    path = Path(args.file)
+    try:
+        new = remove_user(path.read_text(), args.user)
+    except KeyError:
+        print(f"{path}: no user {args.user!r}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as exc:
+        print(f"{path}: {exc}", file=sys.stderr)
+        return 1
+    _write_credentials(path, new)
+    print(f"{path}: {args.user} removed")
     return 0
 
 
@@ -353,6 +396,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iterations", type=int, default=8192,
                    help="SCRAM iterations (at least 4096; default 8192)")
     p.set_defaults(func=_cmd_credentials_add)
+    p = csub.add_parser("list", help="the users and their SCRAM mechanisms (never a secret)")
+    p.add_argument("--file", required=True, metavar="FILE", help="the credentials file")
+    p.set_defaults(func=_cmd_credentials_list)
+    p = csub.add_parser("remove", help="remove a user")
+    p.add_argument("--file", required=True, metavar="FILE", help="the credentials file")
+    p.add_argument("--user", required=True)
+    p.set_defaults(func=_cmd_credentials_remove)
 
     p = sub.add_parser("replay", help="Spark jobs over a traffic capture: reproduce the "
                        "recorded throttles, replay under a config, profile, recommend quotas")

@@ -112,6 +112,24 @@ def add_user(text: str, user: str, password: str,
     return yaml.safe_dump({"users": users}, sort_keys=True)
 
 
+def remove_user(text: str, user: str) -> str:
+    """The file's text without ``user``; KeyError when it holds no such user."""
+    Credentials.parse(text)  # refuse to rewrite a broken file
+    doc: Any = _load(text)
+    users = dict((doc or {}).get("users") or {})
+    if user not in users:
+        raise KeyError(user)
+    del users[user]
+    return yaml.safe_dump({"users": users}, sort_keys=True)
+
+
+def listing(credentials: Credentials) -> list[tuple[str, list[tuple[str, int]]]]:
+    """Each user with its mechanisms and their iterations, by name: never a secret (no salt,
+    no key)."""
+    return [(user, [(m, held[m].iterations) for m in MECHANISMS if m in held])
+            for user, held in sorted(credentials.users.items())]
+
+
 def fingerprint(text: str) -> str:
     """A short digest of a credentials text, for logs (which file version is live)."""
     return hashlib.sha256(text.encode()).hexdigest()[:12]

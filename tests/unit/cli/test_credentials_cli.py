@@ -189,3 +189,37 @@ def test_user_and_file_are_required(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     assert info.value.code == 2
     assert "--user" in capsys.readouterr().err
     assert not (tmp_path / "f.yaml").exists()
+
+
+def test_list_shows_users_and_mechanisms_never_a_secret(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "users.yaml"
+    assert run(monkeypatch, path, "bob", "bob-pw\n", "--iterations", FAST) == 0
+    assert run(monkeypatch, path, "alice", "alice-pw\n", "--iterations", "5000") == 0
+    capsys.readouterr()
+    assert main(["credentials", "list", "--file", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [
+        "alice\tSCRAM-SHA-512 (5000 iterations), SCRAM-SHA-256 (5000 iterations)",
+        "bob\tSCRAM-SHA-512 (4096 iterations), SCRAM-SHA-256 (4096 iterations)"]
+    assert "2 users" in err
+    held = Credentials.parse(path.read_text()).users["alice"]["SCRAM-SHA-256"]
+    assert held.salt.hex() not in out and "salt" not in out and "key" not in out
+
+
+def test_remove_drops_the_user_and_keeps_the_others(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "users.yaml"
+    assert run(monkeypatch, path, "bob", "bob-pw\n", "--iterations", FAST) == 0
+    assert run(monkeypatch, path, "alice", "alice-pw\n", "--iterations", FAST) == 0
+    assert main(["credentials", "remove", "--file", str(path), "--user", "bob"]) == 0
+    creds = Credentials.parse(path.read_text())
+    assert set(creds.users) == {"alice"} and creds.check_plain("alice", "alice-pw")
+    assert mode(path) == 0o600
+    before = path.read_text()
+    capsys.readouterr()
+    assert main(["credentials", "remove", "--file", str(path), "--user", "bob"]) == 1
+    assert "no user 'bob'" in capsys.readouterr().err
+    assert path.read_text() == before
