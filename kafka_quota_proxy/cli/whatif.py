@@ -109,11 +109,22 @@ def simulate(quotas: QuotasConfig, events: Iterable[str]) -> Iterator[dict[str, 
             settings = _alter(settings, event["alter"], line_no)
             manager.update(settings)
             continue
+        missing = [k for k in ("quota", "value") if k not in event]
+        if missing:
+            needed = " and ".join(repr(k) for k in missing)
+            raise EventError(f"line {line_no}: a record event needs {needed} (or 'alter' for "
+                             "a quota change)")
         try:
             qt = QuotaType.from_short(str(event["quota"]))
+        except (KeyError, ValueError):
+            known = ", ".join(q.short for q in QuotaType)
+            raise EventError(f"line {line_no}: unknown quota {event['quota']!r} (one of "
+                             f"{known})") from None
+        try:
             value = float(event["value"])
-        except (KeyError, ValueError) as exc:
-            raise EventError(f"line {line_no}: {exc}") from None
+        except (TypeError, ValueError):
+            raise EventError(f"line {line_no}: 'value' must be a number, not "
+                             f"{event['value']!r}") from None
         user = str(event.get("user") or ANONYMOUS)
         client_id = str(event.get("client_id", ""))
         recorded = percent_of_thread(value) if qt is QuotaType.REQUEST else value

@@ -8,6 +8,14 @@ from typing import Any
 import yaml
 
 
+def did_you_mean(key: str, known: Any) -> str:
+    """`` (did you mean 'x'?)`` for the known key closest to ``key``, or nothing."""
+    import difflib
+
+    close = difflib.get_close_matches(key, [str(k) for k in known], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 class ConfigError(Exception):
     """A configuration that cannot be used; ``errors`` holds one line per problem."""
 
@@ -23,9 +31,11 @@ def positions(
     node: yaml.Node,
     path: tuple[Any, ...],
     out: dict[tuple[Any, ...], yaml.Mark],
-    errors: list[str],
+    errors: list[tuple[int, int, str]],
     source: str,
 ) -> None:
+    """Where each key and item is (``out``), and each duplicate key as (line, column,
+    message) in ``errors``."""
     out.setdefault(path, node.start_mark)
     if isinstance(node, yaml.MappingNode):
         seen: set[Any] = set()
@@ -34,7 +44,8 @@ def positions(
             if key in seen:
                 m = key_node.start_mark
                 dotted = ".".join(str(p) for p in (*path, key))
-                errors.append(f"{source}:{m.line + 1}:{m.column + 1}: {dotted}: duplicate key")
+                errors.append((m.line, m.column,
+                               f"{source}:{m.line + 1}:{m.column + 1}: {dotted}: duplicate key"))
             seen.add(key)
             out[(*path, key)] = key_node.start_mark
             positions(value_node, (*path, key), out, errors, source)

@@ -18,7 +18,7 @@ from pydantic import (
 )
 
 from kafka_quota_proxy.config.checks import cross_checks, quota_checks
-from kafka_quota_proxy.config.errors import ConfigError, mark_for, positions
+from kafka_quota_proxy.config.errors import ConfigError, did_you_mean, mark_for, positions
 from kafka_quota_proxy.config.schema import AgentFile, ProxyConfig, QuotasConfig, QuotasFile
 
 # Bounds on a configuration file, so that a broken or hostile one costs little to refuse: its
@@ -147,7 +147,7 @@ _M = TypeVar("_M", bound=BaseModel)
 
 
 def _parse(text: str, source: str, model: type[_M]) -> _M:
-    errors: list[str] = []
+    duplicates: list[tuple[int, int, str]] = []
     try:
         root, data = _load_yaml(text)
     except yaml.YAMLError as exc:
@@ -158,13 +158,14 @@ def _parse(text: str, source: str, model: type[_M]) -> _M:
         raise ConfigError([f"{where}: {kind}: {problem}"]) from None
     marks: dict[tuple[Any, ...], yaml.Mark] = {}
     if root is not None:
-        positions(root, (), marks, errors, source)
-    if errors:
-        raise ConfigError(errors)
+        positions(root, (), marks, duplicates, source)
     if not isinstance(data, dict):
-        raise ConfigError([f"{source}:1:1: the configuration must be a YAML mapping"])
+        raise ConfigError([text for *_, text in duplicates]
+                          + [f"{source}:1:1: the configuration must be a YAML mapping"])
 
-    reported: list[tuple[int, int, int, str]] = []  # in line order when raised
+    # every problem, in line order when raised: duplicate keys with the others
+    reported: list[tuple[int, int, int, str]] = [
+        (line, col, i, text) for i, (line, col, text) in enumerate(duplicates)]
 
     def report(loc: tuple[Any, ...], msg: str) -> None:
         mark = mark_for(loc, marks)
@@ -185,7 +186,7 @@ def _parse(text: str, source: str, model: type[_M]) -> _M:
             )
             msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
-                msg = "unknown key"
+                msg = "unknown key" + _suggestion(model, loc)
             elif err["type"] == "missing":
                 msg = "required field is missing"
             report(loc, msg)
@@ -199,6 +200,48 @@ def _parse(text: str, source: str, model: type[_M]) -> _M:
     if reported:
         raise ConfigError(in_line_order())
     return config
+
+
+def _suggestion(model: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    """" (did you mean 'x'?)" for an unknown key, from the fields of the model where it is
+    (nothing where the path cannot be followed through the models)."""
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = getattr(current, "model_fields", {}).get(part)
+        if field is None:
+            return ""
+        current = _model_of(field.annotation)
+        if current is None:
+            return ""
+    fields = getattr(current, "model_fields", None)
+    if not fields or not isinstance(loc[-1], str):
+        return ""
+    known = {name for name in fields} | {
+        alias for f in fields.values() for alias in _aliases(f)}
+    return did_you_mean(loc[-1], known)
+
+
+def _aliases(field: Any) -> list[str]:
+    choices = getattr(field.validation_alias, "choices", None)
+    names = [c for c in choices or () if isinstance(c, str)]
+    if isinstance(field.alias, str):
+        names.append(field.alias)
+    return names
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model in an annotation (``X | None``, ``list[X]``, ``dict[str, X]``)."""
+    import typing
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def load_config(path: str | Path) -> ProxyConfig:

@@ -136,6 +136,14 @@ def test_simulate_reports_bad_events_with_their_line(config_file: Path) -> None:
     proc = _cli("quotas", "simulate", "--config", str(config_file), "--events", "-",
                 stdin='{"t_ms": 0, "quota": "bogus", "value": 1}\n')
     assert proc.returncode == 1 and "unknown quota 'bogus'" in proc.stderr
+    # a missing field is named as such (it once read "line 1: 'value'")
+    proc = _cli("quotas", "simulate", "--config", str(config_file), "--events", "-",
+                stdin='{"t_ms": 0, "quota": "produce"}\n')
+    assert proc.returncode == 1
+    assert "line 1: a record event needs 'value' (or 'alter' for a quota change)" in proc.stderr
+    proc = _cli("quotas", "simulate", "--config", str(config_file), "--events", "-",
+                stdin='{"t_ms": 0, "quota": "produce", "value": "lots"}\n')
+    assert proc.returncode == 1 and "'value' must be a number, not 'lots'" in proc.stderr
 
 
 # ------------------------------------------------- a file with only a quotas: section

@@ -256,7 +256,17 @@ def test_unknown_key_nested() -> None:
     e = single_error(text)
     assert (e["line"], e["col"]) == (5, 3)
     assert e["path"] == "listeners.advertized_host"
-    assert e["msg"] == "unknown key"
+    assert e["msg"] == "unknown key (did you mean 'advertised_host'?)"
+
+
+def test_an_unknown_key_gets_the_closest_known_one_at_any_depth() -> None:
+    text = BASE + ("quotas:\n  windw: {samples: 11}\n  entities:\n"
+                   "    - {user: a, producer_byte_rat: 5}\n"
+                   "acls:\n  bindings:\n    - {principal: 'User:a', operation: Read, topik: x}\n")
+    assert [e.split(": ", 1)[1] for e in errors_of(text)] == [
+        "quotas.windw: unknown key (did you mean 'window'?)",
+        "quotas.entities.0.producer_byte_rat: unknown key (did you mean 'producer_byte_rate'?)",
+        "acls.bindings.0.topik: unknown key (did you mean 'topic'?)"]
 
 
 def test_unknown_key_top_level_and_deep() -> None:
@@ -437,6 +447,12 @@ def test_duplicate_sections() -> None:
     text = BASE + "upstream:\n  bootstrap_servers: [\"10.0.0.1:9092\"]\n"
     e = single_error(text)
     assert (e["line"], e["col"], e["path"], e["msg"]) == (7, 1, "upstream", "duplicate key")
+
+
+def test_a_duplicate_key_hides_no_other_error() -> None:
+    text = BASE + "logging:\n  level: info\n  level: debug\nmetrics: {listen: 12}\n"
+    assert [e.split(": ", 1)[1] for e in errors_of(text)] == [
+        "logging.level: duplicate key", 'metrics.listen: expected a "host:port" string']
 
 
 def test_every_duplicate_is_reported() -> None:
