@@ -81,7 +81,10 @@ def test_two_workers_share_the_listeners_and_survive_a_killed_worker(
     try:
         wait_for(lambda: _metrics(proxy).get('kafka_proxy_workers{state="ready"}') == 2, 60,
                  what="both workers ready")
-        started = next(e for e in proxy.events() if e.get("event") == "workers_started")
+        # (logged once the supervisor's metrics endpoint is up: just after ready may show)
+        started = wait_for(lambda: next((e for e in proxy.events()
+                                         if e.get("event") == "workers_started"), None), 10,
+                           what="workers_started logged")
         pids: list[int] = started["pids"]
         assert len(pids) == 2 and all(_alive(p) for p in pids)
         proxy.wait_broker_listener(111)
