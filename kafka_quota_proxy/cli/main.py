@@ -59,8 +59,10 @@ async def _serve(config_path: str) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    try:
-        load_config(args.config)
+    from kafka_quota_proxy.proxy.files import file_checks
+
+    try:  # the files it names too, as check-config checks them, before anything starts
+        load_config(args.config, checks=file_checks)
     except ConfigError as exc:
         print(f"invalid configuration:\n{exc}", file=sys.stderr)
         return 2
@@ -68,8 +70,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_check_config(args: argparse.Namespace) -> int:
-    try:
-        config = load_config(args.file)
+    from kafka_quota_proxy.proxy.files import file_checks
+
+    try:  # the files it names too (certificates, keys, credentials...), as run reads them
+        config = load_config(args.file, checks=file_checks)
     except ConfigError as exc:
         print(f"{args.file}: invalid configuration ({len(exc.errors)} error(s)):", file=sys.stderr)
         for line in exc.errors:

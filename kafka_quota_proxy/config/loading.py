@@ -3,11 +3,17 @@
 
 The configuration is built once and frozen. Unknown keys, duplicate keys and wrong types are
 errors; every error message reads ``FILE:LINE:COLUMN: field.path: what is wrong``.
+
+What a configuration names outside itself (certificates, keys, credentials: files read at
+start) is checked by ``checks``, a callable the caller passes in (config does no I/O of its
+own; ``proxy.files.file_checks`` is the one ``run`` and ``check-config`` pass): its
+(field path, message) pairs are reported like every other error, at the key naming the file.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -28,6 +34,11 @@ from kafka_quota_proxy.config.schema import AgentFile, ProxyConfig, QuotasConfig
 MAX_CONFIG_BYTES = 1 << 20
 MAX_CONFIG_DEPTH = 64
 MAX_CONFIG_NODES = 200_000
+
+
+# Checks of a valid configuration beyond itself (``proxy.files.file_checks``): each problem as
+# (field path, message), reported at the key of that path.
+Checks = Callable[[ProxyConfig], Iterable[tuple[tuple[Any, ...], str]]]
 
 
 class ConfigTooLarge(yaml.composer.ComposerError):
@@ -138,15 +149,17 @@ def _load_yaml(text: str) -> tuple[yaml.Node | None, Any]:
         loader.dispose()
 
 
-def parse_config(text: str, source: str = "<config>") -> ProxyConfig:
-    """Parse and validate configuration text. Raises ``ConfigError`` with positioned messages."""
-    return _parse(text, source, ProxyConfig)
+def parse_config(text: str, source: str = "<config>", checks: Checks | None = None
+                 ) -> ProxyConfig:
+    """Parse and validate configuration text (and, with ``checks``, what it names). Raises
+    ``ConfigError`` with positioned messages."""
+    return _parse(text, source, ProxyConfig, checks)
 
 
 _M = TypeVar("_M", bound=BaseModel)
 
 
-def _parse(text: str, source: str, model: type[_M]) -> _M:
+def _parse(text: str, source: str, model: type[_M], checks: Checks | None = None) -> _M:
     duplicates: list[tuple[int, int, str]] = []
     try:
         root, data = _load_yaml(text)
@@ -194,6 +207,9 @@ def _parse(text: str, source: str, model: type[_M]) -> _M:
     if isinstance(config, ProxyConfig):
         for loc, msg in cross_checks(config):
             report(loc, msg)
+        if checks is not None:
+            for loc, msg in checks(config):
+                report(loc, msg)
     elif isinstance(config, QuotasFile):
         for loc, msg in quota_checks(config.quotas):
             report(loc, msg)
@@ -244,8 +260,9 @@ def _model_of(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def load_config(path: str | Path) -> ProxyConfig:
-    return _load(path, ProxyConfig)
+def load_config(path: str | Path, checks: Checks | None = None) -> ProxyConfig:
+    """``parse_config`` of a file."""
+    return _load(path, ProxyConfig, checks)
 
 
 def load_agent_config(path: str | Path) -> AgentFile:
@@ -275,9 +292,9 @@ def load_quotas_config(path: str | Path) -> QuotasConfig:
     return parse_quotas(_read(p), str(p))
 
 
-def _load(path: str | Path, model: type[_M]) -> _M:
+def _load(path: str | Path, model: type[_M], checks: Checks | None = None) -> _M:
     p = Path(path)
-    return _parse(_read(p), str(p), model)
+    return _parse(_read(p), str(p), model, checks)
 
 
 def _read(p: Path) -> str:

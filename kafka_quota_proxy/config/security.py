@@ -4,8 +4,10 @@ learns each client's principal, PROXY protocol, and the proxy's own identity tow
 Names follow Kafka's: ``protocol`` (Kafka's ``security.protocol``) takes the values of Kafka's
 ``listener.security.protocol.map`` (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL),
 ``client_auth`` those of ``ssl.client.auth``, ``ssl_principal_mapping_rules`` the syntax of
-``ssl.principal.mapping.rules``. Files are named here and read when the proxy starts (and again
-when they change): a file that cannot be used stops the start with the field's name.
+``ssl.principal.mapping.rules``. Files are named here (config does no I/O): ``check-config``
+and ``run`` read each one before anything starts (``proxy.files``, the loader's ``checks``),
+reporting one that cannot be used at its key; the proxy reads them at start and again when
+they change.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from kafka_quota_proxy.config.loading import load_config, parse_config
 from kafka_quota_proxy.config.schema import HostPort, PortRange, ProxyConfig
 from kafka_quota_proxy.protocol.framing import DEFAULT_MAX_FRAME_BYTES
 from testkit import config_errors
+from testkit.certs import Certs
 from testkit.hostile import alias_bomb
 
 REPO = Path(__file__).resolve().parents[3]
@@ -180,11 +181,46 @@ def test_shipped_config_parses(name: str) -> None:
     assert cfg.upstream.bootstrap_servers
 
 
+# The files deploy/config.example.yaml names (under /etc/kafka-quota-proxy/), by their keys.
+EXAMPLE_FILES = {
+    "listeners.security.tls.cert_file": "tls/proxy.pem",
+    "listeners.security.tls.key_file": "tls/proxy.key",
+    "listeners.security.tls.client_ca_file": "tls/clients-ca.pem",
+    "upstream.tls.ca_file": "tls/kafka-ca.pem",
+    "upstream.sasl.password_file": "secrets/kafka-password",
+}
+EXAMPLE_FILES_DIR = "/etc/kafka-quota-proxy/"
+
+
+def example_in(directory: Path, *, with_files: bool) -> Path:
+    """deploy/config.example.yaml with its files under ``directory`` (made, ``with_files``:
+    check-config reads them as the proxy will, so a test machine has to provide them)."""
+    text = (DEPLOY / "config.example.yaml").read_text()
+    named = {m for m in re.findall(r'"(/[^"]+)"', text) if m.startswith(EXAMPLE_FILES_DIR)}
+    assert named == {EXAMPLE_FILES_DIR + f for f in EXAMPLE_FILES.values()}, named
+    if with_files:
+        certs = Certs(directory, "clients")
+        (directory / "tls").mkdir(exist_ok=True)
+        (directory / "secrets").mkdir(exist_ok=True)
+        server = certs.server()
+        server.cert.rename(directory / "tls/proxy.pem")
+        server.key.rename(directory / "tls/proxy.key")
+        certs.ca_file.rename(directory / "tls/clients-ca.pem")
+        Certs(directory, "kafka").ca_file.rename(directory / "tls/kafka-ca.pem")
+        (directory / "secrets/kafka-password").write_text("proxy-password\n")
+    path = directory / "config.example.yaml"
+    path.write_text(text.replace(EXAMPLE_FILES_DIR, f"{directory}/"))
+    return path
+
+
 @pytest.mark.parametrize("name", ["config.example.yaml", "config.minimal.yaml", "kubernetes.yaml"])
 def test_shipped_config_passes_check_config(name: str, tmp_path: Path) -> None:
+    """The example passes where the files it names exist (here, under a test directory)."""
     if name == "kubernetes.yaml":
         path = tmp_path / "k8s-config.yaml"
         path.write_text(k8s_configmap_config())
+    elif name == "config.example.yaml":
+        path = example_in(tmp_path, with_files=True)
     else:
         path = DEPLOY / name
     proc = check_config(path)
@@ -192,6 +228,26 @@ def test_shipped_config_passes_check_config(name: str, tmp_path: Path) -> None:
     assert "valid" in proc.stdout
     assert f"{path}: configuration is valid" in proc.stdout
     assert "bootstrap listener" in proc.stdout  # the summary follows
+
+
+def test_example_config_without_its_files_fails_check_config(tmp_path: Path) -> None:
+    """Without the files it names, check-config refuses the example (as run would), each
+    missing file at the line and column of its key."""
+    path = example_in(tmp_path, with_files=False)
+    proc = check_config(path)
+    assert proc.returncode == 1, proc.stdout
+    assert proc.stdout == ""
+    lines = path.read_text().splitlines()
+    expected = []
+    for field, name in EXAMPLE_FILES.items():
+        file = f"{tmp_path}/{name}"
+        (number,) = [i for i, line in enumerate(lines, 1) if f'"{file}"' in line]
+        key = field.rsplit(".", 1)[1]
+        column = lines[number - 1].index(f"{key}:") + 1
+        expected.append(f"  {path}:{number}:{column}: {field}: cannot read {file}: No such file "
+                        "or directory")
+    assert f"{path}: invalid configuration (5 error(s)):" in proc.stderr, proc.stderr
+    assert proc.stderr.splitlines()[1:] == expected, proc.stderr
 
 
 def test_kubernetes_manifest_matches_its_config() -> None:
