@@ -1,4 +1,4 @@
-"""Command line: ``kafka-quota-proxy run|check-config|volume-agent|demo``."""
+"""Command line: ``kafka-quota-proxy run|check-config|volume-agent|demo|quotas|acls|...``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kafka_quota_proxy import __version__
+from kafka_quota_proxy.cli import admin_tools
 from kafka_quota_proxy.config.errors import ConfigError
 from kafka_quota_proxy.config.loading import load_agent_config, load_config, load_quotas_config
 from kafka_quota_proxy.config.schema import ProxyConfig, QuotasConfig
@@ -360,7 +361,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-replay", dest="replay", action="store_false",
                    help="skip the replay and tuning at the end (they need Java 17+)")
     p.set_defaults(func=_cmd_demo)
-    q = sub.add_parser("quotas", help="what-if tools over the proxy's quota engine")
+    q = sub.add_parser("quotas", help="what-if tools over the proxy's quota engine; describe "
+                       "and alter client quotas (kafka-configs.sh)")
     qsub = q.add_subparsers(dest="quotas_command", required=True, metavar="COMMAND")
     config_help = ("YAML file with a quotas: section: a file with only quotas: is enough, or "
                    "a full proxy configuration (then validated whole)")
@@ -390,6 +392,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, metavar="FILE", help=config_help)
     p.add_argument("--events", required=True, metavar="FILE", help="JSON lines, or - for stdin")
     p.set_defaults(func=_cmd_quotas_simulate)
+    admin_tools.register_quota_commands(qsub)
+    admin_tools.register_acls_command(sub)
 
     c = sub.add_parser("credentials", help="the users of a proxy that terminates SASL")
     csub = c.add_subparsers(dest="credentials_command", required=True, metavar="COMMAND")
