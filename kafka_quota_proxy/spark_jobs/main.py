@@ -26,8 +26,11 @@ from kafka_quota_proxy.spark_jobs.capture import (
 from kafka_quota_proxy.spark_jobs.profile import (
     budget_demand,
     budget_seconds,
+    demand_requests,
     entity_profile,
     entity_seconds,
+    offered_seconds,
+    offered_segments,
     recorded_throttles,
 )
 from kafka_quota_proxy.spark_jobs.replay import (
@@ -124,8 +127,15 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
     label = "candidate config"
     recommendation: Recommendation | None = None
     if tune:
-        demand = budget_demand(seconds, mapping, start_s, end_s, options.percentile,
+        # Demand is offered load: what each client would have sent had nothing held it
+        # back (``tune.offered_load``), per budget and second, not the recorded bursts.
+        segments = offered_segments(
+            demand_requests(captures, sorted(set(mapping["quota_type"]))),
+            options.idle_seconds * 1000.0, options.measure_seconds * 1000.0)
+        offered = offered_seconds(segments, mapping).cache()
+        demand = budget_demand(offered, mapping, start_s, end_s, options.percentile,
                                options.span_seconds)
+        offered.unpersist()
         recommendation = retune(base or {}, demand, pairs, options, minutes)
         last_live = _base(None, live)[0]
         if candidate is not None and last_live is not None and (

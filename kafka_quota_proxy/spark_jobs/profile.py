@@ -1,7 +1,7 @@
 """Profile: what each entity really does, per second and per minute, per broker (quotas are
 per broker): rates, percentiles, peaks, top talkers and the share of request time; what each
-quota budget recorded per second, and its sustained demand (for ``tune``); and what the proxy
-recorded of its throttles."""
+quota budget recorded per second, and the load its clients offered (for ``tune``: its
+demand); and what the proxy recorded of its throttles."""
 
 from __future__ import annotations
 
@@ -12,7 +12,13 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.window import Window, WindowSpec
 
-from kafka_quota_proxy.spark_jobs.tune import DEMAND_COLUMNS, KEYS
+from kafka_quota_proxy.spark_jobs.tune import (
+    CLIENT,
+    DEMAND_COLUMNS,
+    KEYS,
+    SEGMENT_COLUMNS,
+    THROTTLES,
+)
 
 PERCENTILES = [0.5, 0.95, 0.99]
 
@@ -133,13 +139,100 @@ def budget_seconds(sec: DataFrame, mapping: pd.DataFrame, names: DataFrame) -> D
     return per_budget.groupBy("budget", "broker", "second").agg(F.sum("value").alias("value"))
 
 
+def demand_requests(captures: DataFrame, types: list[str]) -> DataFrame:
+    """``tune.demand_requests`` in Spark: per request, one row per quota type of ``types`` it
+    records into, with its client (``tune.CLIENT``), ``seq``, ``read_ms``, ``resp_ms``,
+    ``at_ms``, ``value`` and ``held_ms``."""
+    read = F.col("ts_ms").cast("double")
+    resp = read + F.greatest(F.col("duration_us").cast("double"), F.lit(0.0)) / 1000.0
+    held = F.greatest(*[F.col(c) for c in THROTTLES]).cast("double")
+    answered = ~F.col("follower") & (F.col("response_bytes") >= 0)
+    elapsed = F.when(F.col("request_time_ms") > 0, F.col("request_time_ms")).otherwise(
+        F.col("duration_us") / 1000.0)
+    kinds = {"produce": (F.col("api_key") == 0, F.col("request_bytes") - 4.0, read),
+             "fetch": ((F.col("api_key") == 1) & answered, F.col("response_bytes") - 4.0,
+                       resp),
+             "request": (answered, elapsed / 10.0, read)}
+    parts = []
+    for qt in types or ["produce"]:
+        mask, value, at = kinds[qt]
+        parts.append(captures.where(mask).select(
+            F.lit(qt).alias("quota_type"), "run", "broker", "connection", "user",
+            "client_id", "seq", read.alias("read_ms"), resp.alias("resp_ms"),
+            at.alias("at_ms"), value.cast("double").alias("value"), held.alias("held_ms")))
+    out = parts[0]
+    for part in parts[1:]:
+        out = out.unionByName(part)
+    return out
+
+
+def _traffic_ms(n: Column, first: Column, last: Column, min_ms: float) -> Column:
+    """``tune._traffic_ms``, in the same order of operations (so the same doubles)."""
+    span = F.when(n > 1, (last - first) * n / (n - 1)).otherwise(F.lit(0.0))
+    return F.greatest(span, F.lit(float(min_ms)))
+
+
+def offered_segments(requests: DataFrame, idle_ms: float = 11_000.0,
+                     min_ms: float = 1000.0) -> DataFrame:
+    """``tune.offered_load`` in Spark, from ``demand_requests``: per client segment, the
+    offered load (``offered``), its free and overall rates, and its first and last request.
+    Window functions over each client's requests in the order they were read."""
+    client = Window.partitionBy(*CLIENT).orderBy("read_ms", "seq")
+    preceding = client.rowsBetween(Window.unboundedPreceding, -1)
+    end = F.col("resp_ms") + F.col("held_ms")
+    held = F.col("held_ms") > 0
+    marked = (requests
+              .withColumn("_before", F.max(end).over(preceding))
+              .withColumn("_held_before", F.max(F.when(held, end)).over(preceding))
+              .withColumn("_previous", F.lag("read_ms").over(client)))
+    read, before, held_before = F.col("read_ms"), F.col("_before"), F.col("_held_before")
+    starts = (before.isNull() | (read - before > idle_ms)
+              | (held_before.isNotNull() & (read - held_before > idle_ms)
+                 & (F.col("_previous") - held_before <= idle_ms)))
+    segmented = marked.withColumn("segment", F.sum(starts.cast("long")).over(
+        client.rowsBetween(Window.unboundedPreceding, Window.currentRow)))
+    keys = [*CLIENT, "segment"]
+    hold_from = F.min(F.when(held, F.col("resp_ms"))).over(Window.partitionBy(*keys))
+    free = F.col("_hold_from").isNull() | (read < F.col("_hold_from"))
+    out = segmented.withColumn("_hold_from", hold_from).groupBy(*keys).agg(
+        F.min("at_ms").alias("first_ms"), F.max("at_ms").alias("last_ms"),
+        F.count("*").alias("requests"), F.sum("value").alias("bytes"),
+        F.sum(free.cast("long")).alias("free_requests"),
+        F.sum(F.when(free, F.col("value")).otherwise(0.0)).alias("free_bytes"),
+        F.min(F.when(free, F.col("at_ms"))).alias("_free_first"),
+        F.max(F.when(free, F.col("at_ms"))).alias("_free_last"))
+    out = out.withColumn("rate", F.col("bytes") * 1000.0 / _traffic_ms(
+        F.col("requests"), F.col("first_ms"), F.col("last_ms"), min_ms)).withColumn(
+        "free_rate", F.col("free_bytes") * 1000.0 / _traffic_ms(
+            F.col("free_requests"), F.col("_free_first"), F.col("_free_last"), min_ms))
+    return out.withColumn("offered", F.greatest("rate", "free_rate")).select(
+        *SEGMENT_COLUMNS)
+
+
+def offered_seconds(segments: DataFrame, mapping: pd.DataFrame) -> DataFrame:
+    """``tune.offered_seconds`` in Spark: per (budget, broker, second) the offered load of the
+    budget's clients present then (``value``), the input of ``budget_demand``. ``mapping``:
+    ``tune.budget_mapping``."""
+    spread = segments.select(
+        *CLIENT, F.explode(F.sequence(F.floor(F.col("first_ms") / 1000.0),
+                                      F.floor(F.col("last_ms") / 1000.0))).alias("second"),
+        "offered")
+    per_client = spread.groupBy(*CLIENT, "second").agg(F.max("offered").alias("value"))
+    ids = segments.sparkSession.createDataFrame(
+        mapping[["user", "client_id", "quota_type", "budget"]],
+        "user string, client_id string, quota_type string, budget int")
+    return (per_client.join(F.broadcast(ids), ["user", "client_id", "quota_type"])
+            .groupBy("budget", "broker", "second").agg(F.sum("value").alias("value")))
+
+
 def budget_demand(seconds: DataFrame, budgets: pd.DataFrame, start_s: int, end_s: int,
                   percentile: float, span_seconds: int = 60) -> pd.DataFrame:
-    """``tune.budget_demand`` in Spark, from ``budget_seconds``: per budget (``budgets``: the
-    ``budget`` numbers of ``tune.budget_mapping`` with their ``KEYS``), its demand (the exact
-    ``percentile`` of its per-second rate over the seconds with traffic in the whole minutes
-    [start_s, end_s), on its busiest broker), its peak second, the whole minutes and seconds
-    with traffic, and its total over the whole minutes."""
+    """``tune.budget_demand`` in Spark, from per-second values (``offered_seconds`` when
+    tuning, or ``budget_seconds``): per budget (``budgets``: the ``budget`` numbers of
+    ``tune.budget_mapping`` with their ``KEYS``), its demand (the exact ``percentile`` of its
+    per-second values over the seconds with a value in the whole minutes [start_s, end_s), on
+    its busiest broker), its peak second, the whole minutes and seconds with a value, and its
+    total over the whole minutes."""
     whole = seconds.where((F.col("second") >= start_s) & (F.col("second") < end_s))
     per_broker = _pandas(whole.groupBy("budget", "broker").agg(
         F.percentile("value", percentile).alias("demand")))

@@ -1,7 +1,9 @@
 """Tune: recommend the quotas an operator would apply, from what the capture shows each quota
-budget really needed. Pure pandas over small tables (one row per budget); the Spark side, which
-measures the budgets' per-second rates over the whole capture, is ``profile.budget_seconds``
-and ``profile.budget_demand``.
+budget really needed: the load its clients offered. Pure pandas: the rule over small tables
+(one row per budget), and the offered-load estimator over a capture's rows (``demand_requests``,
+``offered_load``, ``offered_seconds``, ``budget_demand``); the Spark side, which does the same
+over the whole capture, is ``profile.demand_requests``, ``profile.offered_segments``,
+``profile.offered_seconds`` and ``profile.budget_demand``, and gives the same numbers.
 
 The rule (``rule_text`` says it with the numbers in force; the README and every report state
 it):
@@ -11,12 +13,48 @@ it):
   resolved by the quota engine's own precedence (``quota.entities``): per (user, client-id),
   per user or per client-id, per broker. ``users/<default>`` gives every user a budget of its
   own; ``clients/<default>`` every client-id.
-- A budget's *demand*, per quota type: the ``percentile`` (p99) of its per-second rate (bytes/s;
-  for request_percentage, request time as a percentage of one thread) over the seconds with
-  traffic in the capture's whole minutes only (the partial first and last minute are left
-  out), on its busiest broker. Sustained demand, not the peak second; and seconds without
-  traffic do not count, so that a client that sends now and then is not given a quota it
-  exceeds with every request.
+- A budget's *demand*, per quota type, is its *offered load*: what its clients would have
+  sent had no quota held them back. Not what the capture recorded per second: behind a
+  throttle a client queues, and once let go it sends the queue at once, so a producer offering
+  3 MB/s against a 1 MB/s quota records 11 MB/s seconds, and its quota's rate the rest of the
+  time. The estimator (``offered_load``; ``profile.offered_segments`` in Spark), per *client*
+  (one connection of one (user, client-id) to one broker, in one proxy run) and *segment* of
+  its requests:
+
+  - The requests it sent before it was first held back (read before the response that carried
+    its first throttle, of any quota type) left as it offered them, nothing queued behind a
+    hold yet: their bytes over their traffic time (n requests d apart stand for n x d, at least
+    ``measure_seconds``) are its *free rate*. Its bytes over the whole segment's traffic time,
+    what got through, are a floor. The offered load is the larger of the two; for a client
+    never held back, its plain rate.
+  - A segment ends when the client is *absent*, reading no request for ``idle_seconds`` (11,
+    Kafka's default quota window) after its last response and hold: absence is not offering
+    zero, and its seconds do not count. Once it has been held back, a segment also ends at the
+    first request read ``idle_seconds`` after its last hold ended (free again, and the quota's
+    window has forgotten it), and the next one measures afresh.
+  - Bytes are what the quota records (request bytes - 4 of a Produce, counted when it was
+    read; response bytes - 4 of a consumer Fetch, counted when its response started); for
+    request_percentage, request time as a percentage of one thread.
+  - A budget's offered load in a second is the sum over the clients present in that second
+    (from their segment's first request to its last); its demand is the ``percentile`` (p99)
+    of that over the seconds with clients present in the capture's whole minutes only (the
+    partial first and last minute are left out), on its busiest broker.
+  - Bytes over the time the client was not held back (total / (span - time throttled)) was
+    the other candidate, and is wrong for a client that queues: the time it is let go it
+    spends sending its queue as fast as it can, so that measures its draining speed, not its
+    demand (on the clients below, 1.6 to 80 times the truth at 1 - 5 x the quota).
+  - Validated against clients of known offered load run through the quota engine
+    (``testkit/offered_load.py``: librdkafka-like producers, batch.size 16 KB - 1 MB, and
+    consumers, fetch.max.bytes 16 KB - 1 MB, at 0.5 - 5 x their quota): within 0.1 % of the
+    truth (``tests/unit/test_offered_load.py``).
+  - What a capture cannot tell: a client held back from its first request on (the capture
+    began when it was over its quota already, or it joined a budget that was) has no free
+    rate, and its estimate is what got through, about its share of the quota: a floor. A
+    client more than 10 x over its quota is held back within its first second (Kafka's window
+    lets 10 s of quota through at first): its estimate is about 10 x its quota. A
+    client with a queue when its segment starts (a proxy restarted under load) shows its
+    draining speed. A client whose load rises while it is held back shows the load it had
+    when first held; one whose load falls is measured afresh once free again.
 - Only a budget with at least ``min_minutes`` whole minutes of traffic sets a value; a capture
   shorter than that keeps every live value. (``span_seconds`` below 60 counts whole spans of
   that many seconds instead of whole minutes: for demos and tests on captures of a minute.)
@@ -75,8 +113,13 @@ class TuneOptions:
     max_overrides: int = 10  # new overrides per default entity and quota type
     capacity_bytes: dict[str, float] | None = None  # "produce"/"fetch" -> bytes/s per broker
     min_rate: int = 1024  # never recommend a byte rate below this
-    percentile: float = 0.99  # demand: this percentile of per-second rates over whole minutes
+    percentile: float = 0.99  # demand: this percentile of per-second offered load
     min_minutes: float = 5  # whole minutes of data needed to set a value
+    # offered load (``offered_load``): a client silent this long after its last response and
+    # hold is absent (Kafka's default quota window, 11 x 1 s); a rate is measured over at
+    # least ``measure_seconds``
+    idle_seconds: float = 11.0
+    measure_seconds: float = 1.0
     span_seconds: int = 60  # "whole minutes" are whole spans of this many seconds
     broker_threads: int = 11  # request_percentage <= 100 x this (network + I/O threads)
     total_budget: str = "keep"  # "keep": never above the base config's total; "free"
@@ -89,9 +132,11 @@ class TuneOptions:
             if not 0.0 < getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1]")
         if (self.headroom <= 0 or self.broker_threads < 1 or self.min_minutes < 0
-                or not 1 <= self.span_seconds <= 60):
-            raise ValueError("headroom > 0, broker_threads >= 1, min_minutes >= 0 and "
-                             "span_seconds in 1..60")
+                or not 1 <= self.span_seconds <= 60 or self.idle_seconds <= 0
+                or self.measure_seconds <= 0):
+            raise ValueError("headroom > 0, broker_threads >= 1, min_minutes >= 0, "
+                             "span_seconds in 1..60, idle_seconds > 0 and "
+                             "measure_seconds > 0")
 
     @property
     def max_request_percentage(self) -> float:
@@ -106,9 +151,13 @@ def rule_text(options: TuneOptions) -> str:
              "it would not" if o.total_budget == "keep" else "no cap on the total")
     return (
         f"Demand of a budget (what one entity of the base config gives whoever shares it: per "
-        f"(user, client-id), per user or per client-id, on one broker): the "
-        f"p{_pct(o.percentile)} of its per-second rate over the seconds with traffic in the "
-        f"capture's whole minutes (the partial first and last minute left out), on its "
+        f"(user, client-id), per user or per client-id, on one broker) is its offered load, "
+        f"what its clients would have sent had no quota held them back, not the bursts that "
+        f"follow a throttle: per client connection, the rate of the requests it sent before it "
+        f"was first held back (at least what got through), summed over the clients present "
+        f"in each second (a client silent for {o.idle_seconds:g} s is absent, not offering "
+        f"zero); the p{_pct(o.percentile)} of that over the seconds with clients present in "
+        f"the capture's whole minutes (the partial first and last minute left out), on its "
         f"busiest broker. Only budgets with at least {o.min_minutes:g} whole minutes of traffic "
         f"set a value; others keep the live one. Every entity of the base config is kept with its "
         f"quota types; only values change. A named entity gets {h:g} x its demand; a default "
@@ -189,11 +238,12 @@ def sustained(values: np.ndarray, q: float) -> float:
 
 def budget_demand(seconds: pd.DataFrame, start_s: int, end_s: int, percentile: float,
                   span_seconds: int = 60) -> pd.DataFrame:
-    """Per budget (``KEYS``) from its per-second values (``broker``, ``second``, ``value``):
-    its demand (the ``percentile`` of its per-second rate over the seconds with traffic in the
-    whole minutes [start_s, end_s), on its busiest broker: ``broker``), its peak second, the
-    whole minutes and seconds in which it had traffic, and its total over the whole minutes.
-    ``profile.budget_demand`` computes the same in Spark."""
+    """Per budget (``KEYS``) from its per-second values (``broker``, ``second``, ``value``:
+    its offered load, ``offered_seconds``, when tuning): its demand (the ``percentile`` of its
+    per-second values over the seconds with a value in the whole minutes [start_s, end_s), on
+    its busiest broker: ``broker``), its peak second, the whole minutes and seconds with a
+    value, and its total over the whole minutes. ``profile.budget_demand`` computes the same
+    in Spark."""
     columns = list(DEMAND_COLUMNS)
     if seconds.empty:
         return pd.DataFrame(columns=columns)
@@ -213,6 +263,138 @@ def budget_demand(seconds: pd.DataFrame, start_s: int, end_s: int, percentile: f
                      minutes, int(whole["second"].nunique()), float(whole["value"].sum())])
     out = pd.DataFrame(rows, columns=columns)
     return out.astype({"broker": "int32", "minutes": "float64", "seconds": "int32"})
+
+
+# ------------------------------------------------------------------ offered load
+
+# A client, in the offered-load tables: one connection of one (user, client-id) to one broker,
+# in one proxy run, per quota type it records into.
+CLIENT = ["quota_type", "run", "broker", "connection", "user", "client_id"]
+SEGMENT_COLUMNS = [*CLIENT, "segment", "first_ms", "last_ms", "requests", "bytes",
+                   "free_requests", "free_bytes", "rate", "free_rate", "offered"]
+THROTTLES = ["throttle_produce_ms", "throttle_fetch_ms", "throttle_request_ms"]
+
+
+def demand_requests(captures: pd.DataFrame, types: Iterable[str]) -> pd.DataFrame:
+    """Per capture row (the capture's columns), one row per quota type of ``types`` it records
+    into (``quota.recording``): its client (``CLIENT``), ``seq``, when the proxy read it
+    (``read_ms``), when its response started (``resp_ms``: the record, and the start of any
+    hold), when its bytes were counted off (``at_ms``: a Produce's batch when it was sent, a
+    Fetch's response when the broker cut it, so at its response), what it recorded
+    (``value``: bytes, or request time in percent of one thread x seconds) and the hold that
+    followed it (``held_ms``: the largest of its three throttles, as the client was held)."""
+    c = captures
+    read = c["ts_ms"].astype("float64")
+    resp = read + np.maximum(c["duration_us"].astype("float64"), 0.0) / 1000.0
+    held = c[THROTTLES].max(axis=1).astype("float64")
+    answered = ~c["follower"].astype(bool) & (c["response_bytes"] >= 0)
+    parts = []
+    for qt in types:
+        if qt == "produce":
+            mask, value, at = c["api_key"] == 0, c["request_bytes"] - 4.0, read
+        elif qt == "fetch":
+            mask, value, at = (c["api_key"] == 1) & answered, c["response_bytes"] - 4.0, resp
+        else:
+            elapsed = c["request_time_ms"].where(c["request_time_ms"] > 0,
+                                                 c["duration_us"] / 1000.0)
+            mask, value, at = answered, elapsed / 10.0, read
+        part = pd.DataFrame({"quota_type": qt, "run": c["run"], "broker": c["broker"],
+                             "connection": c["connection"], "user": c["user"],
+                             "client_id": c["client_id"], "seq": c["seq"], "read_ms": read,
+                             "resp_ms": resp, "at_ms": at, "value": value.astype("float64"),
+                             "held_ms": held})
+        parts.append(part[mask.to_numpy()])
+    if not parts:
+        return pd.DataFrame(columns=[*CLIENT, "seq", "read_ms", "resp_ms", "at_ms", "value",
+                                     "held_ms"])
+    return pd.concat(parts, ignore_index=True)
+
+
+def _traffic_ms(n: Any, first: Any, last: Any, min_ms: float) -> Any:
+    """The time ``n`` requests from ``first`` to ``last`` stand for (``n`` requests ``d``
+    apart: ``n x d``), at least ``min_ms``."""
+    n = np.asarray(n, dtype="float64")
+    span = np.where(n > 1, (np.asarray(last) - np.asarray(first)) * n / np.maximum(n - 1, 1),
+                    0.0)
+    return np.maximum(span, min_ms)
+
+
+def offered_load(requests: pd.DataFrame, idle_ms: float = 11_000.0,
+                 min_ms: float = 1000.0) -> pd.DataFrame:
+    """Each client's offered load (what it would have sent had nothing held it back), per
+    *segment* of its requests (``demand_requests``): the estimator of ``tune`` (the module's
+    docstring; ``profile.offered_segments`` is the same in Spark).
+
+    - A segment ends when the client pauses (reads no request) for more than ``idle_ms`` after
+      its last request's response and hold: a client that is absent offers nothing, and its
+      absence is not counted as offering zero. It also ends, once the client has been held
+      back, at its first request read more than ``idle_ms`` after its last hold ended (free
+      again: the quota window forgot it).
+    - ``free``: the requests of a segment read before its first hold began (the response that
+      carried the first throttle). They left as the client offered them: nothing queued behind
+      a hold yet. ``free_rate``: their bytes over their traffic time (``_traffic_ms``, at least
+      ``min_ms``).
+    - ``rate``: the segment's bytes over its traffic time: what got through, a floor.
+    - ``offered`` = max(``free_rate``, ``rate``). A client never held back: its plain rate.
+    """
+    if requests.empty:
+        return pd.DataFrame(columns=SEGMENT_COLUMNS)
+    r = requests.sort_values([*CLIENT, "read_ms", "seq"]).reset_index(drop=True)
+    by = [r[k] for k in CLIENT]
+    end = r["resp_ms"] + r["held_ms"]  # the last moment the request held the client
+    before = end.groupby(by, sort=False).cummax().groupby(by, sort=False).shift()
+    hold_end = end.where(r["held_ms"] > 0)
+    held_before = (hold_end.groupby(by, sort=False).cummax().groupby(by, sort=False).ffill()
+                   .groupby(by, sort=False).shift())
+    previous = r["read_ms"].groupby(by, sort=False).shift()
+    read = r["read_ms"]
+    starts = (before.isna() | (read - before > idle_ms)
+              | (held_before.notna() & (read - held_before > idle_ms)
+                 & (previous - held_before <= idle_ms)))
+    r["segment"] = starts.astype("int64").groupby(by, sort=False).cumsum()
+    keys = [*CLIENT, "segment"]
+    hold_from = (r["resp_ms"].where(r["held_ms"] > 0)
+                 .groupby([r[k] for k in keys], sort=False).transform("min"))
+    free = hold_from.isna() | (read < hold_from)
+    r["free_value"] = r["value"].where(free, 0.0)
+    r["free_at"] = r["at_ms"].where(free)
+    r["is_free"] = free.astype("int64")
+    out = r.groupby(keys, sort=False).agg(
+        first_ms=("at_ms", "min"), last_ms=("at_ms", "max"), requests=("value", "size"),
+        bytes=("value", "sum"), free_requests=("is_free", "sum"),
+        free_bytes=("free_value", "sum"), free_first=("free_at", "min"),
+        free_last=("free_at", "max")).reset_index()
+    out["rate"] = out["bytes"] * 1000.0 / _traffic_ms(out["requests"], out["first_ms"],
+                                                      out["last_ms"], min_ms)
+    out["free_rate"] = out["free_bytes"] * 1000.0 / _traffic_ms(
+        out["free_requests"], out["free_first"], out["free_last"], min_ms)
+    out["offered"] = np.maximum(out["rate"], out["free_rate"])
+    return out[SEGMENT_COLUMNS].astype({"segment": "int64", "requests": "int64",
+                                        "free_requests": "int64"})
+
+
+def offered_seconds(segments: pd.DataFrame, mapping: pd.DataFrame) -> pd.DataFrame:
+    """Per budget (``KEYS``, by ``mapping``: ``budget_mapping``), broker and second: the
+    offered load of its clients present in that second (each client's segment counts in every
+    second from its first to its last request; where two of one client's segments meet, the
+    larger), summed over its clients: what ``budget_demand`` takes as ``value``.
+    ``profile.offered_seconds`` is the same in Spark."""
+    columns = [*KEYS, "broker", "second", "value"]
+    if segments.empty:
+        return pd.DataFrame(columns=columns)
+    first = np.floor(segments["first_ms"].to_numpy() / 1000.0).astype("int64")
+    last = np.floor(segments["last_ms"].to_numpy() / 1000.0).astype("int64")
+    count = last - first + 1
+    at = np.repeat(np.arange(len(segments)), count)
+    offsets = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
+    spread = segments.iloc[at][CLIENT].reset_index(drop=True)
+    spread["second"] = first[at] + offsets
+    spread["value"] = segments["offered"].to_numpy()[at]
+    per_client = spread.groupby([*CLIENT, "second"], sort=False)["value"].max().reset_index()
+    named = per_client.merge(mapping[["user", "client_id", *KEYS]],
+                             on=["user", "client_id", "quota_type"])
+    out = named.groupby([*KEYS, "broker", "second"], sort=True)["value"].sum().reset_index()
+    return out[columns]
 
 
 # ------------------------------------------------------------------ the recommendation
