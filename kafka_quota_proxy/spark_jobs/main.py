@@ -24,12 +24,10 @@ from kafka_quota_proxy.spark_jobs.capture import (
     read_storage_settings,
 )
 from kafka_quota_proxy.spark_jobs.profile import (
-    budget_demand,
     budget_seconds,
     demand_requests,
     entity_profile,
     entity_seconds,
-    offered_seconds,
     offered_segments,
     recorded_throttles,
 )
@@ -52,6 +50,8 @@ from kafka_quota_proxy.spark_jobs.tune import (
     TuneOptions,
     budget_mapping,
     governing,
+    offered_demand,
+    offered_intervals,
     retune,
     whole_minutes,
 )
@@ -129,13 +129,14 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
     if tune:
         # Demand is offered load: what each client would have sent had nothing held it
         # back (``tune.offered_load``), per budget and second, not the recorded bursts.
-        segments = offered_segments(
+        # (Spark orders each client's requests; its segments, one row per stretch of a
+        # client's traffic, are few, and the rest is tune's own pandas)
+        segments = _pandas(offered_segments(
             demand_requests(captures, sorted(set(mapping["quota_type"]))),
-            options.idle_seconds * 1000.0, options.measure_seconds * 1000.0)
-        offered = offered_seconds(segments, mapping).cache()
-        demand = budget_demand(offered, mapping, start_s, end_s, options.percentile,
-                               options.span_seconds)
-        offered.unpersist()
+            catalog.run_frame, catalog.entity_frame, options.idle_seconds * 1000.0,
+            options.measure_seconds * 1000.0))
+        demand = offered_demand(offered_intervals(segments, mapping), start_s, end_s,
+                                options.percentile, options.span_seconds)
         recommendation = retune(base or {}, demand, pairs, options, minutes)
         last_live = _base(None, live)[0]
         if candidate is not None and last_live is not None and (

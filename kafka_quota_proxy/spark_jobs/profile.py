@@ -13,7 +13,6 @@ from pyspark.sql import functions as F
 from pyspark.sql.window import Window, WindowSpec
 
 from kafka_quota_proxy.spark_jobs.tune import (
-    CLIENT,
     DEMAND_COLUMNS,
     KEYS,
     SEGMENT_COLUMNS,
@@ -139,28 +138,44 @@ def budget_seconds(sec: DataFrame, mapping: pd.DataFrame, names: DataFrame) -> D
     return per_budget.groupBy("budget", "broker", "second").agg(F.sum("value").alias("value"))
 
 
+QUOTA_TYPES = ["produce", "fetch", "request"]  # (``kind``: the index, what Spark moves)
+
+
 def demand_requests(captures: DataFrame, types: list[str]) -> DataFrame:
     """``tune.demand_requests`` in Spark: per request, one row per quota type of ``types`` it
-    records into, with its client (``tune.CLIENT``), ``seq``, ``read_ms``, ``resp_ms``,
-    ``at_ms``, ``value`` and ``held_ms``."""
+    records into, with ``seq``, ``read_ms``, ``resp_ms``, ``at_ms``, ``value`` and
+    ``held_ms``, and its client as numbers (cheaper to move and sort than its names):
+    ``kind`` (the quota type's index in ``QUOTA_TYPES``), ``run_id`` and ``entity`` (the
+    hashes of ``replay.catalog_of``), ``broker`` and ``connection``. Produce and fetch rows
+    come from one pass over the capture (a request is one or the other); request rows, when
+    asked for, from another."""
     read = F.col("ts_ms").cast("double")
     resp = read + F.greatest(F.col("duration_us").cast("double"), F.lit(0.0)) / 1000.0
-    held = F.greatest(*[F.col(c) for c in THROTTLES]).cast("double")
     answered = ~F.col("follower") & (F.col("response_bytes") >= 0)
-    elapsed = F.when(F.col("request_time_ms") > 0, F.col("request_time_ms")).otherwise(
-        F.col("duration_us") / 1000.0)
-    kinds = {"produce": (F.col("api_key") == 0, F.col("request_bytes") - 4.0, read),
-             "fetch": ((F.col("api_key") == 1) & answered, F.col("response_bytes") - 4.0,
-                       resp),
-             "request": (answered, elapsed / 10.0, read)}
+    produce = F.col("api_key") == 0
+    fetch = (F.col("api_key") == 1) & answered
+    wanted = set(types or ["produce"])
+    client: list[Column | str] = [
+        F.xxhash64("run").alias("run_id"), "broker", "connection",
+        F.xxhash64("user", "client_id").alias("entity"), "seq", read.alias("read_ms"),
+              resp.alias("resp_ms"),
+              F.greatest(*[F.col(c) for c in THROTTLES]).cast("double").alias("held_ms")]
     parts = []
-    for qt in types or ["produce"]:
-        mask, value, at = kinds[qt]
-        parts.append(captures.where(mask).select(
-            F.lit(qt).alias("quota_type"), "run", "broker", "connection", "user",
-            "client_id", "seq", read.alias("read_ms"), resp.alias("resp_ms"),
-            at.alias("at_ms"), value.cast("double").alias("value"), held.alias("held_ms")))
-    out = parts[0]
+    if wanted & {"produce", "fetch"}:
+        kinds = [QUOTA_TYPES.index(t) for t in ("produce", "fetch") if t in wanted]
+        parts.append(captures.select(
+            F.when(produce, F.lit(0)).when(fetch, F.lit(1)).alias("kind"),
+            F.when(produce, F.col("request_bytes") - 4.0).otherwise(
+                F.col("response_bytes") - 4.0).cast("double").alias("value"),
+            F.when(produce, read).otherwise(resp).alias("at_ms"), *client)
+            .where(F.col("kind").isin(*kinds)))
+    if "request" in wanted:
+        elapsed = F.when(F.col("request_time_ms") > 0, F.col("request_time_ms")).otherwise(
+            F.col("duration_us") / 1000.0)
+        parts.append(captures.where(answered).select(
+            F.lit(2).alias("kind"), (elapsed / 10.0).cast("double").alias("value"),
+            read.alias("at_ms"), *client))
+    out: DataFrame = parts[0]
     for part in parts[1:]:
         out = out.unionByName(part)
     return out
@@ -172,13 +187,17 @@ def _traffic_ms(n: Column, first: Column, last: Column, min_ms: float) -> Column
     return F.greatest(span, F.lit(float(min_ms)))
 
 
-def offered_segments(requests: DataFrame, idle_ms: float = 11_000.0,
-                     min_ms: float = 1000.0) -> DataFrame:
+def offered_segments(requests: DataFrame, runs: DataFrame, entities: DataFrame,
+                     idle_ms: float = 11_000.0, min_ms: float = 1000.0) -> DataFrame:
     """``tune.offered_load`` in Spark, from ``demand_requests``: per client segment, the
-    offered load (``offered``), its free and overall rates, and its first and last request.
-    Window functions over each client's requests in the order they were read."""
-    client = Window.partitionBy(*CLIENT).orderBy("read_ms", "seq")
+    offered load (``offered``), its free and overall rates, and its first and last request;
+    ``runs`` and ``entities``: ``replay.Catalog.run_frame`` and ``entity_frame``, which give
+    the numbers their names back. Running window functions over each client's requests in the
+    order they were read: one shuffle and one sort of the requests (numbers only)."""
+    key = ["kind", "run_id", "broker", "connection", "entity"]
+    client = Window.partitionBy(*key).orderBy("read_ms", "seq")
     preceding = client.rowsBetween(Window.unboundedPreceding, -1)
+    upto = client.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     end = F.col("resp_ms") + F.col("held_ms")
     held = F.col("held_ms") > 0
     marked = (requests
@@ -189,12 +208,13 @@ def offered_segments(requests: DataFrame, idle_ms: float = 11_000.0,
     starts = (before.isNull() | (read - before > idle_ms)
               | (held_before.isNotNull() & (read - held_before > idle_ms)
                  & (F.col("_previous") - held_before <= idle_ms)))
-    segmented = marked.withColumn("segment", F.sum(starts.cast("long")).over(
-        client.rowsBetween(Window.unboundedPreceding, Window.currentRow)))
-    keys = [*CLIENT, "segment"]
-    hold_from = F.min(F.when(held, F.col("resp_ms"))).over(Window.partitionBy(*keys))
+    segmented = marked.withColumn("segment", F.sum(starts.cast("long")).over(upto))
+    # The first hold of the segment so far: the greatest (segment, -start) of the holds read
+    # up to this request, when its segment is this one (``tune.offered_load``'s hold_from).
+    first_hold = F.max(F.when(held, F.struct(F.col("segment"), -F.col("resp_ms")))).over(upto)
+    hold_from = F.when(first_hold["segment"] == F.col("segment"), -first_hold["col2"])
     free = F.col("_hold_from").isNull() | (read < F.col("_hold_from"))
-    out = segmented.withColumn("_hold_from", hold_from).groupBy(*keys).agg(
+    out = segmented.withColumn("_hold_from", hold_from).groupBy(*key, "segment").agg(
         F.min("at_ms").alias("first_ms"), F.max("at_ms").alias("last_ms"),
         F.count("*").alias("requests"), F.sum("value").alias("bytes"),
         F.sum(free.cast("long")).alias("free_requests"),
@@ -205,34 +225,21 @@ def offered_segments(requests: DataFrame, idle_ms: float = 11_000.0,
         F.col("requests"), F.col("first_ms"), F.col("last_ms"), min_ms)).withColumn(
         "free_rate", F.col("free_bytes") * 1000.0 / _traffic_ms(
             F.col("free_requests"), F.col("_free_first"), F.col("_free_last"), min_ms))
-    return out.withColumn("offered", F.greatest("rate", "free_rate")).select(
-        *SEGMENT_COLUMNS)
-
-
-def offered_seconds(segments: DataFrame, mapping: pd.DataFrame) -> DataFrame:
-    """``tune.offered_seconds`` in Spark: per (budget, broker, second) the offered load of the
-    budget's clients present then (``value``), the input of ``budget_demand``. ``mapping``:
-    ``tune.budget_mapping``."""
-    spread = segments.select(
-        *CLIENT, F.explode(F.sequence(F.floor(F.col("first_ms") / 1000.0),
-                                      F.floor(F.col("last_ms") / 1000.0))).alias("second"),
-        "offered")
-    per_client = spread.groupBy(*CLIENT, "second").agg(F.max("offered").alias("value"))
-    ids = segments.sparkSession.createDataFrame(
-        mapping[["user", "client_id", "quota_type", "budget"]],
-        "user string, client_id string, quota_type string, budget int")
-    return (per_client.join(F.broadcast(ids), ["user", "client_id", "quota_type"])
-            .groupBy("budget", "broker", "second").agg(F.sum("value").alias("value")))
+    kinds = F.array(*[F.lit(t) for t in QUOTA_TYPES])
+    return (out.withColumn("offered", F.greatest("rate", "free_rate"))
+            .withColumn("quota_type", kinds[F.col("kind")])
+            .join(F.broadcast(runs), "run_id").join(F.broadcast(entities), "entity")
+            .select(*SEGMENT_COLUMNS))
 
 
 def budget_demand(seconds: DataFrame, budgets: pd.DataFrame, start_s: int, end_s: int,
                   percentile: float, span_seconds: int = 60) -> pd.DataFrame:
-    """``tune.budget_demand`` in Spark, from per-second values (``offered_seconds`` when
-    tuning, or ``budget_seconds``): per budget (``budgets``: the ``budget`` numbers of
-    ``tune.budget_mapping`` with their ``KEYS``), its demand (the exact ``percentile`` of its
-    per-second values over the seconds with a value in the whole minutes [start_s, end_s), on
-    its busiest broker), its peak second, the whole minutes and seconds with a value, and its
-    total over the whole minutes."""
+    """``tune.budget_demand`` in Spark, from per-second values (``budget_seconds``): per
+    budget (``budgets``: the ``budget`` numbers of ``tune.budget_mapping`` with their
+    ``KEYS``), its demand (the exact ``percentile`` of its per-second values over the seconds
+    with a value in the whole minutes [start_s, end_s), on its busiest broker), its peak
+    second, the whole minutes and seconds with a value, and its total over the whole minutes.
+    (Tuning takes the offered load instead: ``offered_segments``.)"""
     whole = seconds.where((F.col("second") >= start_s) & (F.col("second") < end_s))
     per_broker = _pandas(whole.groupBy("budget", "broker").agg(
         F.percentile("value", percentile).alias("demand")))

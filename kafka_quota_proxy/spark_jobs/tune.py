@@ -1,9 +1,9 @@
 """Tune: recommend the quotas an operator would apply, from what the capture shows each quota
 budget really needed: the load its clients offered. Pure pandas: the rule over small tables
 (one row per budget), and the offered-load estimator over a capture's rows (``demand_requests``,
-``offered_load``, ``offered_seconds``, ``budget_demand``); the Spark side, which does the same
-over the whole capture, is ``profile.demand_requests``, ``profile.offered_segments``,
-``profile.offered_seconds`` and ``profile.budget_demand``, and gives the same numbers.
+``offered_load``, then ``offered_intervals`` and ``offered_demand`` over its segments); over a
+whole capture Spark does the first two (``profile.demand_requests``,
+``profile.offered_segments``: the same segments) and these the rest.
 
 The rule (``rule_text`` says it with the numbers in force; the README and every report state
 it):
@@ -36,9 +36,10 @@ it):
     read; response bytes - 4 of a consumer Fetch, counted when its response started); for
     request_percentage, request time as a percentage of one thread.
   - A budget's offered load in a second is the sum over the clients present in that second
-    (from their segment's first request to its last); its demand is the ``percentile`` (p99)
-    of that over the seconds with clients present in the capture's whole minutes only (the
-    partial first and last minute are left out), on its busiest broker.
+    (from their segment's first request to its last: ``offered_intervals``); its demand is
+    the ``percentile`` (p99) of that over the seconds with clients present in the capture's
+    whole minutes only (the partial first and last minute are left out), on its busiest
+    broker (``offered_demand``).
   - Bytes over the time the client was not held back (total / (span - time throttled)) was
     the other candidate, and is wrong for a client that queues: the time it is let go it
     spends sending its queue as fast as it can, so that measures its draining speed, not its
@@ -238,12 +239,12 @@ def sustained(values: np.ndarray, q: float) -> float:
 
 def budget_demand(seconds: pd.DataFrame, start_s: int, end_s: int, percentile: float,
                   span_seconds: int = 60) -> pd.DataFrame:
-    """Per budget (``KEYS``) from its per-second values (``broker``, ``second``, ``value``:
-    its offered load, ``offered_seconds``, when tuning): its demand (the ``percentile`` of its
-    per-second values over the seconds with a value in the whole minutes [start_s, end_s), on
-    its busiest broker: ``broker``), its peak second, the whole minutes and seconds with a
-    value, and its total over the whole minutes. ``profile.budget_demand`` computes the same
-    in Spark."""
+    """Per budget (``KEYS``) from its per-second values (``broker``, ``second``, ``value``):
+    its demand (the ``percentile`` of its per-second values over the seconds with a value in
+    the whole minutes [start_s, end_s), on its busiest broker: ``broker``), its peak second,
+    the whole minutes and seconds with a value, and its total over the whole minutes.
+    ``profile.budget_demand`` computes the same in Spark; ``offered_demand`` the same over the
+    offered load's intervals."""
     columns = list(DEMAND_COLUMNS)
     if seconds.empty:
         return pd.DataFrame(columns=columns)
@@ -331,9 +332,9 @@ def offered_load(requests: pd.DataFrame, idle_ms: float = 11_000.0,
       back, at its first request read more than ``idle_ms`` after its last hold ended (free
       again: the quota window forgot it).
     - ``free``: the requests of a segment read before its first hold began (the response that
-      carried the first throttle). They left as the client offered them: nothing queued behind
-      a hold yet. ``free_rate``: their bytes over their traffic time (``_traffic_ms``, at least
-      ``min_ms``).
+      carried the first throttle, of the requests read so far). They left as the client
+      offered them: nothing queued behind a hold yet. ``free_rate``: their bytes over their
+      traffic time (``_traffic_ms``, at least ``min_ms``).
     - ``rate``: the segment's bytes over its traffic time: what got through, a floor.
     - ``offered`` = max(``free_rate``, ``rate``). A client never held back: its plain rate.
     """
@@ -353,8 +354,11 @@ def offered_load(requests: pd.DataFrame, idle_ms: float = 11_000.0,
                  & (previous - held_before <= idle_ms)))
     r["segment"] = starts.astype("int64").groupby(by, sort=False).cumsum()
     keys = [*CLIENT, "segment"]
-    hold_from = (r["resp_ms"].where(r["held_ms"] > 0)
-                 .groupby([r[k] for k in keys], sort=False).transform("min"))
+    # the first hold of the segment among the requests read so far (a request read later
+    # cannot have started a hold before this one was read)
+    by_segment = [r[k] for k in keys]
+    hold_from = (r["resp_ms"].where(r["held_ms"] > 0).groupby(by_segment, sort=False).cummin()
+                 .groupby(by_segment, sort=False).ffill())
     free = hold_from.isna() | (read < hold_from)
     r["free_value"] = r["value"].where(free, 0.0)
     r["free_at"] = r["at_ms"].where(free)
@@ -373,28 +377,113 @@ def offered_load(requests: pd.DataFrame, idle_ms: float = 11_000.0,
                                         "free_requests": "int64"})
 
 
-def offered_seconds(segments: pd.DataFrame, mapping: pd.DataFrame) -> pd.DataFrame:
-    """Per budget (``KEYS``, by ``mapping``: ``budget_mapping``), broker and second: the
-    offered load of its clients present in that second (each client's segment counts in every
-    second from its first to its last request; where two of one client's segments meet, the
-    larger), summed over its clients: what ``budget_demand`` takes as ``value``.
-    ``profile.offered_seconds`` is the same in Spark."""
-    columns = [*KEYS, "broker", "second", "value"]
+INTERVAL_COLUMNS = [*KEYS, "broker", "start_s", "end_s", "value", "clients"]
+
+
+def offered_intervals(segments: pd.DataFrame, mapping: pd.DataFrame) -> pd.DataFrame:
+    """Per budget (``KEYS``, by ``mapping``: ``budget_mapping``) and broker, its offered load
+    over time as intervals of whole seconds [``start_s``, ``end_s``] in which it is constant:
+    ``value``, the sum of the offered loads of its ``clients`` present (a client's segment
+    counts in every second from its first request to its last, the next segment of the same
+    client taking over the second they share). Only seconds with a client present. From
+    ``offered_load``'s segments (Spark's ``profile.offered_segments`` too: the same code
+    then takes over)."""
     if segments.empty:
+        return pd.DataFrame(columns=INTERVAL_COLUMNS)
+    seg = segments.sort_values([*CLIENT, "segment"]).reset_index(drop=True)
+    start = np.floor(seg["first_ms"].to_numpy(dtype="float64") / 1000.0).astype("int64")
+    last = np.floor(seg["last_ms"].to_numpy(dtype="float64") / 1000.0).astype("int64")
+    following = pd.Series(start).groupby([seg[k] for k in CLIENT], sort=False).shift(-1)
+    end = np.where(following.isna(), last,
+                   np.minimum(last, following.fillna(0).to_numpy(dtype="int64") - 1))
+    named = seg.assign(start_s=start, end_s=end)[end >= start].merge(
+        mapping[["user", "client_id", *KEYS]], on=["user", "client_id", "quota_type"])
+    if named.empty:
+        return pd.DataFrame(columns=INTERVAL_COLUMNS)
+    group = [*KEYS, "broker"]
+    events = pd.concat([
+        named[group].assign(second=named["start_s"], value=named["offered"], clients=1),
+        named[group].assign(second=named["end_s"] + 1, value=-named["offered"], clients=-1)],
+        ignore_index=True)
+    events = events.groupby([*group, "second"], sort=True).agg(
+        value=("value", "sum"), clients=("clients", "sum")).reset_index()
+    by = [events[k] for k in group]
+    events["value"] = events["value"].groupby(by, sort=False).cumsum()
+    events["clients"] = events["clients"].groupby(by, sort=False).cumsum()
+    events["end_s"] = events["second"].groupby(by, sort=False).shift(-1) - 1
+    out = events[(events["clients"] > 0) & events["end_s"].notna()].rename(
+        columns={"second": "start_s"})
+    return out.astype({"end_s": "int64"})[INTERVAL_COLUMNS].reset_index(drop=True)
+
+
+def offered_demand(intervals: pd.DataFrame, start_s: int, end_s: int, percentile: float,
+                   span_seconds: int = 60) -> pd.DataFrame:
+    """``budget_demand`` over the budgets' offered load (``offered_intervals``): per budget,
+    its demand (the ``percentile``, linear as ``numpy.quantile``, of its offered load over the
+    seconds with clients present in the whole minutes [start_s, end_s), on its busiest broker:
+    ``broker``), its peak (the largest offered load), the whole minutes and seconds with
+    clients present, and its total (offered load x seconds) over the whole minutes: what
+    ``budget_demand`` gives over the same load second by second, without a row per second."""
+    columns = list(DEMAND_COLUMNS)
+    if intervals.empty:
         return pd.DataFrame(columns=columns)
-    first = np.floor(segments["first_ms"].to_numpy() / 1000.0).astype("int64")
-    last = np.floor(segments["last_ms"].to_numpy() / 1000.0).astype("int64")
-    count = last - first + 1
-    at = np.repeat(np.arange(len(segments)), count)
-    offsets = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
-    spread = segments.iloc[at][CLIENT].reset_index(drop=True)
-    spread["second"] = first[at] + offsets
-    spread["value"] = segments["offered"].to_numpy()[at]
-    per_client = spread.groupby([*CLIENT, "second"], sort=False)["value"].max().reset_index()
-    named = per_client.merge(mapping[["user", "client_id", *KEYS]],
-                             on=["user", "client_id", "quota_type"])
-    out = named.groupby([*KEYS, "broker", "second"], sort=True)["value"].sum().reset_index()
-    return out[columns]
+    iv = intervals.reset_index(drop=True)
+    budget = iv.groupby(KEYS, sort=False).ngroup().to_numpy()
+    lo = np.maximum(iv["start_s"].to_numpy(dtype="int64"), start_s)
+    hi = np.minimum(iv["end_s"].to_numpy(dtype="int64"), end_s - 1)
+    inside = hi >= lo
+    whole = pd.DataFrame({"budget": budget[inside], "broker": iv["broker"].to_numpy()[inside],
+                          "lo": lo[inside], "hi": hi[inside],
+                          "value": iv["value"].to_numpy(dtype="float64")[inside]})
+    whole["length"] = whole["hi"] - whole["lo"] + 1
+    names = iv[KEYS].assign(budget=budget).drop_duplicates("budget").set_index("budget")
+    out = names.assign(
+        peak=pd.Series(iv["value"].to_numpy(dtype="float64"), index=budget).groupby(
+            level=0).max())
+    # the percentile per (budget, broker): the values in order, each as many times as seconds
+    ranked = whole.sort_values(["budget", "broker", "value"], kind="stable")
+    cells = ranked.groupby(["budget", "broker"], sort=False)
+    upto = cells["length"].cumsum().to_numpy()
+    size = cells["length"].transform("sum").to_numpy()
+    offset = np.cumsum(ranked["length"].to_numpy()) - upto  # seconds of the cells before
+    cell = ranked[["budget", "broker"]].assign(n=size, offset=offset).drop_duplicates(
+        ["budget", "broker"])
+    h = (cell["n"].to_numpy() - 1) * percentile
+    i = np.floor(h).astype("int64")
+    total_upto = np.cumsum(ranked["length"].to_numpy())
+    values = ranked["value"].to_numpy()
+    base = cell["offset"].to_numpy()
+    a = values[np.searchsorted(total_upto, base + i, side="right")]
+    b = values[np.searchsorted(total_upto, base + np.minimum(i + 1, cell["n"].to_numpy() - 1),
+                               side="right")]
+    cell = cell.assign(demand=a + (b - a) * (h - i))
+    every = pd.DataFrame({"budget": budget, "broker": iv["broker"].to_numpy()}).drop_duplicates()
+    per_broker = every.merge(cell[["budget", "broker", "demand"]], how="left").fillna(
+        {"demand": 0.0})
+    busiest = (per_broker.sort_values(["budget", "demand", "broker"],
+                                      ascending=[True, False, True])
+               .drop_duplicates("budget").set_index("budget"))
+    out = out.join(busiest[["broker", "demand"]])
+    # seconds and spans with a client present, over every broker: the union of the intervals
+    merged = whole.sort_values(["budget", "lo"], kind="stable")
+    by = merged["budget"]
+    reach = merged["hi"].groupby(by, sort=False).cummax().groupby(by, sort=False).shift()
+    block = (reach.isna() | (merged["lo"] > reach + 1)).cumsum()
+    blocks = merged.assign(block=block).groupby("block", sort=False).agg(
+        budget=("budget", "first"), lo=("lo", "min"), hi=("hi", "max"))
+    first_span, last_span = blocks["lo"] // span_seconds, blocks["hi"] // span_seconds
+    shared = (first_span == last_span.groupby(blocks["budget"], sort=False).shift()).astype(
+        "int64")
+    blocks = blocks.assign(seconds=blocks["hi"] - blocks["lo"] + 1,
+                           spans=last_span - first_span + 1 - shared)
+    covered = blocks.groupby("budget")[["seconds", "spans"]].sum()
+    out = out.join(covered).fillna({"seconds": 0, "spans": 0})
+    out["minutes"] = out["spans"] * span_seconds / 60
+    out["total"] = (whole["value"] * whole["length"]).groupby(whole["budget"]).sum()
+    out["total"] = out["total"].fillna(0.0)
+    return out.reset_index(drop=True)[columns].astype(
+        {"broker": "int32", "minutes": "float64", "seconds": "int32", "demand": "float64",
+         "peak": "float64", "total": "float64"})
 
 
 # ------------------------------------------------------------------ the recommendation
@@ -476,7 +565,7 @@ def _amount(qt: QuotaType, v: float) -> str:
 def retune(base: Mapping[str, Any], demand: pd.DataFrame, pairs: Iterable[tuple[str, str]],
            options: TuneOptions = TuneOptions(), minutes: float = 0) -> Recommendation:
     """The base config (a ``quotas`` section) with values from the budgets' demands
-    (``budget_demand`` under the base config's resolution, ``budget_mapping``) over a capture
+    (``offered_demand`` under the base config's resolution, ``budget_mapping``) over a capture
     of ``minutes`` whole minutes; ``pairs``: the capture's (user, client-id) pairs, none of
     which may move to another budget. See the module's docstring for the rule."""
     entries = [dict(e) for e in base.get("entities") or []]

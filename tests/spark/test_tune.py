@@ -23,6 +23,7 @@ from kafka_quota_proxy.quota.replay import settings_from_section
 from kafka_quota_proxy.spark_jobs import profile, tune
 from kafka_quota_proxy.spark_jobs.capture import read_capture
 from kafka_quota_proxy.spark_jobs.main import run
+from kafka_quota_proxy.spark_jobs.replay import catalog_of
 from testkit.offered_load import Client, Consumer, Producer, simulate, truth, write_capture
 from testkit.synth_tenants import BAD_LIVE, generate, throttled_client_seconds
 
@@ -98,41 +99,39 @@ def test_the_spark_demand_is_the_reference_rule(spark: SparkSession) -> None:
 
 def test_the_spark_offered_load_is_the_pandas_one(spark: SparkSession, tmp_path: Path) -> None:
     """On one simulated capture (``testkit.offered_load``: alice's producer at 3 x her quota,
-    bob's consumer at 2 x his, carol's two producers sharing her quota), the Spark estimator
-    (``profile.demand_requests``, ``offered_segments``, ``offered_seconds``, ``budget_demand``)
-    gives what the pandas one does, and that is the offered load."""
+    bob's consumer at 2 x his, carol's two producers sharing her quota, dave's below his, never
+    held back), the Spark estimator (``profile.demand_requests``, ``offered_segments``) gives
+    the segments the pandas one does, so the same demand, and that is the offered load."""
     section = {"window": {"samples": 11, "size_seconds": 1}, "entities": [
         {"user": "<default>", "producer_byte_rate": 1_000_000,
          "consumer_byte_rate": 1_000_000}]}
     clients = [Client(Producer(3_000_000, batch_size=100_000), "alice", "a", 1),
                Client(Consumer(2_000_000, fetch_max_bytes=1_000_000), "bob", "b", 2),
                Client(Producer(600_000), "carol", "c1", 3),
-               Client(Producer(800_000), "carol", "c2", 4, start_s=20)]
+               Client(Producer(800_000), "carol", "c2", 4, start_s=20),
+               Client(Producer(300_000, batch_size=16_000), "dave", "d", 5)]
     rows = simulate(clients, section, 60)
     captures = read_capture(spark, write_capture(rows, tmp_path / "capture", section))
+    catalog = catalog_of(captures)
     pairs = sorted({(c.user, c.client_id) for c in clients})
     mapping = tune.budget_mapping(pairs, section, [QuotaType.PRODUCE, QuotaType.FETCH])
     types = ["fetch", "produce"]
     start, end = tune.whole_minutes(int(rows["ts_ms"].min()), int(rows["ts_ms"].max()), 10)
 
-    segments = profile.offered_segments(profile.demand_requests(captures, types))
-    got = profile.budget_demand(profile.offered_seconds(segments, mapping), mapping, start,
-                                end, 0.99, 10)
-    expected_segments = tune.offered_load(tune.demand_requests(rows, types))
-    expected = tune.budget_demand(tune.offered_seconds(expected_segments, mapping), start,
-                                  end, 0.99, 10)
+    segments = profile.offered_segments(profile.demand_requests(captures, types),
+                                        catalog.run_frame, catalog.entity_frame).toPandas()
+    expected = tune.offered_load(tune.demand_requests(rows, types))
     order = [*tune.CLIENT, "segment"]
-    pd.testing.assert_frame_equal(
-        segments.toPandas().sort_values(order).reset_index(drop=True),
-        expected_segments.sort_values(order).reset_index(drop=True), check_dtype=False)
-    key = tune.KEYS
-    got, expected = (f.sort_values(key).reset_index(drop=True) for f in (got, expected))
-    pd.testing.assert_frame_equal(got, expected, check_dtype=False)
+    pd.testing.assert_frame_equal(segments.sort_values(order).reset_index(drop=True),
+                                  expected.sort_values(order).reset_index(drop=True),
+                                  check_dtype=False)
+    got = tune.offered_demand(tune.offered_intervals(segments, mapping), start, end, 0.99, 10)
     demand = {(r.quota_type, r.budget_user): r.demand for r in got.itertuples()}
     for qt, user, offered in (("produce", "alice", truth(clients[0], 60)),
                               ("fetch", "bob", truth(clients[1], 60)),
                               ("produce", "carol",
-                               truth(clients[2], 60) + truth(clients[3], 60))):
+                               truth(clients[2], 60) + truth(clients[3], 60)),
+                              ("produce", "dave", truth(clients[4], 60))):
         assert demand[(qt, user)] == pytest.approx(offered, rel=0.10), (qt, user)
 
 

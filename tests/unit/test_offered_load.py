@@ -35,10 +35,10 @@ def demand_of(rows: pd.DataFrame, section: dict[str, Any], pairs: list[tuple[str
     """The tune's demand of the one budget of ``qt`` the capture's clients record into."""
     types = [QuotaType.from_short(qt)]
     segments = tune.offered_load(tune.demand_requests(rows, [qt]))
-    seconds = tune.offered_seconds(segments, tune.budget_mapping(pairs, section, types))
+    intervals = tune.offered_intervals(segments, tune.budget_mapping(pairs, section, types))
     start_s, end_s = tune.whole_minutes(int(rows["ts_ms"].min()), int(rows["ts_ms"].max()),
                                         SPAN)
-    got = tune.budget_demand(seconds, start_s, end_s, percentile, SPAN)
+    got = tune.offered_demand(intervals, start_s, end_s, percentile, SPAN)
     assert len(got) == 1, got
     return got.iloc[0]
 
@@ -146,9 +146,11 @@ def test_clients_sharing_a_budget_add_up_while_both_are_there() -> None:
                                                                                 rel=0.10)
     segments = tune.offered_load(tune.demand_requests(rows, ["produce"]))
     mapping = tune.budget_mapping(pairs, section, [QuotaType.PRODUCE])
-    seconds = tune.offered_seconds(segments, mapping).set_index("second")["value"]
-    alone = seconds[seconds.index < START_MS // 1000 + 30]
-    assert alone.to_numpy() == pytest.approx(truth(a, 90), rel=0.10)
+    intervals = tune.offered_intervals(segments, mapping)
+    alone = intervals[intervals["start_s"] < START_MS // 1000 + 30]
+    assert alone["clients"].tolist() == [1]
+    assert alone["value"].iloc[0] == pytest.approx(truth(a, 90), rel=0.10)
+    assert intervals["clients"].tolist() == [1, 2]
 
 
 def test_an_absent_client_does_not_offer_zero() -> None:
@@ -216,3 +218,30 @@ def test_options_are_checked() -> None:
         tune.TuneOptions(idle_seconds=0)
     with pytest.raises(ValueError):
         tune.TuneOptions(measure_seconds=-1)
+
+
+def test_the_demand_over_intervals_is_the_demand_over_seconds() -> None:
+    """``offered_demand`` over intervals of constant load gives what ``budget_demand`` gives
+    over the same load second by second (percentile, busiest broker, peak, whole minutes,
+    seconds, total)."""
+    rng = np.random.default_rng(5)
+    rows = []
+    for budget in range(20):
+        for broker in (1, 2, 3):
+            t = 1000 + int(rng.integers(0, 50))
+            while t < 1600:
+                length = int(rng.integers(1, 40))
+                rows.append(("produce", f"u{budget}", "", broker, t, t + length - 1,
+                             float(rng.lognormal(8, 1)), 1))
+                t += length + int(rng.integers(0, 30))
+    intervals = pd.DataFrame(rows, columns=tune.INTERVAL_COLUMNS)
+    seconds = pd.DataFrame(
+        [(r.quota_type, r.budget_user, r.budget_client, r.broker, second, r.value)
+         for r in intervals.itertuples(index=False)
+         for second in range(r.start_s, r.end_s + 1)],
+        columns=[*tune.KEYS, "broker", "second", "value"])
+    for q, span in ((0.99, 60), (0.5, 10), (0.9, 7)):
+        got, expected = (frame.sort_values(tune.KEYS).reset_index(drop=True) for frame in (
+            tune.offered_demand(intervals, 1020, 1560, q, span),
+            tune.budget_demand(seconds, 1020, 1560, q, span)))
+        pd.testing.assert_frame_equal(got, expected, check_dtype=False, rtol=1e-12)
