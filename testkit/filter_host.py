@@ -3,6 +3,7 @@ unit tests of filters: every call a filter makes is recorded for the test to che
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from kafka_quota_proxy.protocol.correlation import InFlight
@@ -23,7 +24,8 @@ class FakeFilterHost:
             self.client.peer = peer
         self.client_gate: Any = None
         self.table: Any = None
-        self.requests: Any = None
+        # (between frames: nothing measured, no frame under way)
+        self.requests: Any = SimpleNamespace(frame_remaining=0, measuring=None)
         self.responses: Any = None
         self.chain = chain
         self.may_mute = may_mute
@@ -34,11 +36,15 @@ class FakeFilterHost:
         self.released: list[str] = []
         self.mutes: list[int] = []
         self.resumed = 0
+        self.unsent = 0  # bytes buffered for the broker (``unsent_upstream``)
 
     def mute(self, throttle_ms: int) -> None:
         if not self.may_mute:
             raise AssertionError("this filter never mutes")
         self.mutes.append(throttle_ms)
+
+    def unsent_upstream(self) -> int:
+        return self.unsent
 
     def close(self, reason: str, *, detail: str | None = None, side: str | None = None) -> None:
         self.closes.append((reason, side, detail))

@@ -199,6 +199,13 @@ class RequestStream:
         """A frame has started but not ended (at end of input this means truncation)."""
         return self._remaining > 0 or bool(self._pending)
 
+    @property
+    def frame_remaining(self) -> int:
+        """How much of the newest request's frame has not passed yet (0: it has ended). A
+        connection closed before it ends leaves the broker a truncated frame, which it never
+        processes."""
+        return self._remaining
+
     def inside_frame(self, n: int) -> bool:
         """The next ``n`` bytes all continue the body of the frame under way, which goes on
         past them: reading them decides nothing (no header, no frame ends)."""

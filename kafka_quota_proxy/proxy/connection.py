@@ -433,6 +433,15 @@ class ProxiedConnection(asyncio.Protocol):
             if rest:
                 self._read_client(rest)
 
+    def unsent_upstream(self) -> int:
+        """Bytes handed over for the broker that have not left for it (still in the upstream
+        transport's buffer, or read while it was connecting)."""
+        upstream = self.upstream
+        buffered = sum(map(len, self._early))
+        if upstream is not None and upstream.transport is not None:
+            buffered += upstream.transport.get_write_buffer_size()
+        return buffered
+
     def hold_responses(self, reason: str) -> None:
         self._response_holds.add(reason)
         self.responses.answers_held = True

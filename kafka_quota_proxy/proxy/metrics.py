@@ -69,6 +69,8 @@ class ProxyStats:
         self.refused: dict[str, int] = defaultdict(int)  # reason -> connections refused
         # a connection's first request of a budget over its quota, held until it is back
         self.held_first_requests = 0
+        # Produce requests recorded at close: forwarded whole, never answered (client gone)
+        self.unanswered_produce_recorded = 0
         self.max_connections = 0
         self.fd_limit = 0
         self.in_flight: Callable[[], int] = lambda: 0  # requests awaiting their response
@@ -249,6 +251,13 @@ class _Collector(Collector):
             "the budget was back within it (a client reconnecting instead of waiting out its "
             "throttle)")
         c.add_metric([], s.held_first_requests)
+        yield c
+        c = CounterMetricFamily(
+            "kafka_proxy_quota_unanswered_produce_recorded",
+            "Produce requests recorded into their quotas when their connection closed: sent to "
+            "the broker whole, never answered (a client that closes without reading its "
+            "responses is charged for what the broker wrote)")
+        c.add_metric([], s.unanswered_produce_recorded)
         yield c
         yield family(CounterMetricFamily, "kafka_proxy_config_reloads",
                       "Configuration reloads, by result", "result", s.reloads)

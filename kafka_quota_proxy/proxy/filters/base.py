@@ -60,6 +60,23 @@ class Client:
         self.peer_ip: str | None = None
 
 
+def forwarded_unanswered(host: FilterHost) -> list[InFlight]:
+    """At close: the requests whose whole frames reached the broker and whose responses never
+    came, oldest first. The broker processes them (a Produce's records are written) although
+    the client will never read their answers, so their quotas are recorded and captured then,
+    as Kafka's request handlers record a request whose client has gone. A frame cut short (its
+    end never read from the client, or never sent before the broker connection was dropped)
+    reaches the broker truncated and is never processed."""
+    entries = [e for e in host.table.entries() if not e.local]
+    # the bytes that never left, newest first: the rest of the frame under way, then what is
+    # still buffered for the broker (the newest frames' ends)
+    remaining = host.requests.frame_remaining
+    unsent = host.unsent_upstream() + remaining
+    while entries and unsent > 0:
+        unsent -= entries.pop().request_size
+    return entries
+
+
 class FilterHost(Protocol):
     """What a filter may use of its connection."""
 
@@ -71,6 +88,9 @@ class FilterHost(Protocol):
 
     def mute(self, throttle_ms: int) -> None:
         """KIP-219: read nothing more from the client until ``throttle_ms`` has passed."""
+
+    def unsent_upstream(self) -> int:
+        """Bytes handed over for the broker that have not left for it yet."""
 
     def close(self, reason: str, *, detail: str | None = None, side: str | None = None) -> None:
         """Close the connection, logged with ``reason`` (nothing more is forwarded)."""

@@ -18,7 +18,7 @@ from kafka_quota_proxy.protocol.correlation import InFlight
 from kafka_quota_proxy.protocol.interests import Interest
 from kafka_quota_proxy.proxy.clock import now_ms
 from kafka_quota_proxy.proxy.features.capture.writer import Capture
-from kafka_quota_proxy.proxy.filters.base import Filter, FilterHost
+from kafka_quota_proxy.proxy.filters.base import Filter, FilterHost, forwarded_unanswered
 from kafka_quota_proxy.quota.capture_schema import CaptureRow
 from kafka_quota_proxy.quota.enforcer import QuotaEnforcer
 
@@ -69,6 +69,14 @@ class CaptureFilter(Filter):
             if cut_short is not None and cut_short in self._waiting:
                 cut_short.partitions = None
                 self._complete(cut_short)
+        # Produce requests the broker got whole but never answered (the quotas recorded them
+        # just now, if active): a row each, without a response, as an acks=0 Produce's
+        for entry in forwarded_unanswered(host):
+            if entry.api_key == _PRODUCE and not entry.exempt:
+                recorded = entry.recorded
+                self._row(entry, recorded[0] if recorded is not None else now_ms(), -1.0)
+                if entry in self._waiting:
+                    self._complete(entry)
 
     def _row(self, entry: InFlight, quota_ms: int, elapsed_ms: float) -> None:
         """The row of a request whose quotas were just recorded (``elapsed_ms`` < 0: it has

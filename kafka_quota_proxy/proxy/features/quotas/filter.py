@@ -12,7 +12,12 @@ from __future__ import annotations
 from kafka_quota_proxy.protocol.apis import ApiKey
 from kafka_quota_proxy.protocol.correlation import InFlight
 from kafka_quota_proxy.proxy.clock import now_ms as _now_ms
-from kafka_quota_proxy.proxy.filters.base import Filter, FilterHost, propose_throttle
+from kafka_quota_proxy.proxy.filters.base import (
+    Filter,
+    FilterHost,
+    forwarded_unanswered,
+    propose_throttle,
+)
 from kafka_quota_proxy.proxy.metrics import ProxyStats
 from kafka_quota_proxy.quota.enforcer import QuotaEnforcer
 from kafka_quota_proxy.quota.entities import QuotaType
@@ -227,3 +232,27 @@ class QuotaFilter(Filter):
         reserved, self._reserved = self._reserved, {}
         for entry, held in reserved.items():
             self._release(entry, held)
+        if self.quotas.active:
+            self._record_unanswered()
+
+    def _record_unanswered(self) -> None:
+        """The Produce requests that went upstream whole but whose responses never came (the
+        client closed first, or the connection failed) are recorded now, their response
+        unknown (as an acks=0 Produce): the broker writes their records all the same. A
+        client that sent and closed without reading was otherwise never charged, and could
+        write at any rate by reconnecting. (A Fetch's response size is unknown: a consumer
+        that never reads its fetches gets nothing, and is charged nothing.)"""
+        quotas = self.quotas
+        if not quotas.enabled(QuotaType.PRODUCE):
+            return
+        client = self.client
+        manager = quotas.manager(client.scope)
+        now = _now_ms()
+        for entry in forwarded_unanswered(self.host):
+            if entry.api_key != _PRODUCE or entry.exempt or entry.recorded is not None:
+                continue
+            throttle = record_request(
+                manager, client.user, entry.client_id or "", _PRODUCE, entry.request_size, -1,
+                False, 0.0, now, entry.storage_scale, True, False, False)[0]
+            entry.recorded = (now, 0.0, throttle, 0, 0)
+            self.stats.unanswered_produce_recorded += 1
