@@ -26,11 +26,21 @@ lint: $(VENV)/.installed-test
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
+
+# The layers in order, fastest first: the unit tests on two workers (pytest-xdist; CPU-bound,
+# the machine's two cores), the Spark jobs, then the end-to-end tests on three workers (they
+# mostly wait: on quotas, brokers, windows), a module per worker at a time (tests/conftest.py
+# starts the longest first). Every layer runs even when one before fails.
 test: lint
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15
+	@status=0; \
+	$(PYTEST) -n 2 tests/unit || status=1; \
+	$(PYTEST) tests/spark || status=1; \
+	$(PYTEST) -n 3 --dist loadfile --durations=15 tests/e2e || status=1; \
+	exit $$status
 
 unit: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests/unit
+	$(PYTEST) -n 2 tests/unit
 
 bench: $(VENV)/.installed-bench
 	$(BIN)/python bench/proxy_bench.py

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 
 import pytest
@@ -27,3 +28,12 @@ def proxy(tansu: TansuBroker) -> Iterator[ProxyProcess]:
 @pytest.fixture
 def wait() -> object:
     return wait_for
+
+
+@pytest.fixture(autouse=True)
+def _clients_gone() -> Iterator[None]:
+    """Clients a test left to the garbage collector (a librdkafka handle in a reference
+    cycle) are destroyed within the test, so that nothing they log reaches the terminal
+    outside pytest's capture, nor hits a later test's broker."""
+    yield
+    gc.collect()
