@@ -70,8 +70,7 @@ def forwarded_unanswered(host: FilterHost) -> list[InFlight]:
     entries = [e for e in host.table.entries() if not e.local]
     # the bytes that never left, newest first: the rest of the frame under way, then what is
     # still buffered for the broker (the newest frames' ends)
-    remaining = host.requests.frame_remaining
-    unsent = host.unsent_upstream() + remaining
+    unsent = host.requests.frame_remaining + host.unsent_upstream()
     while entries and unsent > 0:
         unsent -= entries.pop().request_size
     return entries

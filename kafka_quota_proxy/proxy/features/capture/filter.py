@@ -75,8 +75,6 @@ class CaptureFilter(Filter):
             if entry.api_key == _PRODUCE and not entry.exempt:
                 recorded = entry.recorded
                 self._row(entry, recorded[0] if recorded is not None else now_ms(), -1.0)
-                if entry in self._waiting:
-                    self._complete(entry)
 
     def _row(self, entry: InFlight, quota_ms: int, elapsed_ms: float) -> None:
         """The row of a request whose quotas were just recorded (``elapsed_ms`` < 0: it has

@@ -182,20 +182,26 @@ class QuotaFilter(Filter):
     def _acks0_produce(self, entry: InFlight) -> None:
         """acks=0: no response to throttle, but the client is still held back (and its
         request time is exempt, as in Kafka)."""
-        quotas = self.quotas
-        now = _now_ms()
-        throttle = 0
-        if quotas.enabled(QuotaType.PRODUCE):
-            client = self.client
-            throttle = record_request(
-                quotas.manager(client.scope), client.user, entry.client_id or "", _PRODUCE,
-                entry.request_size, -1, False, 0.0, now, entry.storage_scale, True, False,
-                False)[0]
-            if throttle > 0:
-                self.stats.throttled[QuotaType.PRODUCE.short] += 1
-                self.stats.throttle_ms[QuotaType.PRODUCE.short] += throttle
-                self.host.mute(throttle)
+        if not self.quotas.enabled(QuotaType.PRODUCE):
+            entry.recorded = (_now_ms(), 0.0, 0, 0, 0)
+            return
+        throttle = self._record_unanswerable(entry, _now_ms())
+        if throttle > 0:
+            self.stats.throttled[QuotaType.PRODUCE.short] += 1
+            self.stats.throttle_ms[QuotaType.PRODUCE.short] += throttle
+            self.host.mute(throttle)
+
+    def _record_unanswerable(self, entry: InFlight, now: int) -> int:
+        """Record a Produce no response will ever start (acks=0, or its client gone) into
+        its produce budget (its request time is not known: exempt, as in Kafka); return the
+        throttle."""
+        client = self.client
+        throttle = record_request(
+            self.quotas.manager(client.scope), client.user, entry.client_id or "", _PRODUCE,
+            entry.request_size, -1, False, 0.0, now, entry.storage_scale, True, False,
+            False)[0]
         entry.recorded = (now, 0.0, throttle, 0, 0)
+        return throttle
 
     # ------------------------------------------------------------------ responses
     def response(self, entry: InFlight, now_ms: int, elapsed_ms: float) -> None:
@@ -239,20 +245,13 @@ class QuotaFilter(Filter):
         """The Produce requests that went upstream whole but whose responses never came (the
         client closed first, or the connection failed) are recorded now, their response
         unknown (as an acks=0 Produce): the broker writes their records all the same. A
-        client that sent and closed without reading was otherwise never charged, and could
-        write at any rate by reconnecting. (A Fetch's response size is unknown: a consumer
+        client that sent and closed without reading was otherwise charged only for the
+        answers that came before it left. (A Fetch's response size is unknown: a consumer
         that never reads its fetches gets nothing, and is charged nothing.)"""
-        quotas = self.quotas
-        if not quotas.enabled(QuotaType.PRODUCE):
+        if not self.quotas.enabled(QuotaType.PRODUCE):
             return
-        client = self.client
-        manager = quotas.manager(client.scope)
         now = _now_ms()
         for entry in forwarded_unanswered(self.host):
-            if entry.api_key != _PRODUCE or entry.exempt or entry.recorded is not None:
-                continue
-            throttle = record_request(
-                manager, client.user, entry.client_id or "", _PRODUCE, entry.request_size, -1,
-                False, 0.0, now, entry.storage_scale, True, False, False)[0]
-            entry.recorded = (now, 0.0, throttle, 0, 0)
-            self.stats.unanswered_produce_recorded += 1
+            if entry.api_key == _PRODUCE and not entry.exempt and entry.recorded is None:
+                self._record_unanswerable(entry, now)
+                self.stats.unanswered_produce_recorded += 1
