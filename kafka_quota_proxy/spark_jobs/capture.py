@@ -43,6 +43,16 @@ def read_live_configs(directory: str | Path) -> dict[tuple[str, int], Mapping[st
     return out
 
 
+def read_live_config_times(directory: str | Path) -> dict[tuple[str, int], int]:
+    """(run, quota generation) -> when it became live (Unix ms, the proxy's wall clock)."""
+    out: dict[tuple[str, int], int] = {}
+    for path in Path(directory).glob("quotas-*.json"):
+        doc = json.loads(path.read_text())
+        if "since_ms" in doc:
+            out[(str(doc["run"]), int(doc["quota_generation"]))] = int(doc["since_ms"])
+    return out
+
+
 def read_storage_settings(directory: str | Path) -> dict[str, Mapping[str, Any]]:
     """run -> what storage throttling applied besides its factor (runs with a ``storage``
     section only)."""
