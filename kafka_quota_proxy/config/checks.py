@@ -4,6 +4,7 @@ to change (listeners that would collide, a quota entity configured twice)."""
 from __future__ import annotations
 
 import ipaddress
+from typing import Any
 
 from kafka_quota_proxy.config.schema import ProxyConfig, QuotasConfig
 from kafka_quota_proxy.config.security import ListenerSecurity
@@ -113,17 +114,17 @@ def quota_checks(quotas: QuotasConfig) -> list[tuple[tuple[str | int, ...], str]
     """Checks across the ``quotas`` section: each entity is configured once (an ip entity
     once per address, however the address is written)."""
     problems: list[tuple[tuple[str | int, ...], str]] = []
-    seen: dict[EntityKey, int] = {}
-    for i, entity in enumerate(quotas.entities):
-        key = entity.key()
-        if key in seen:
-            problems.append(
-                (
-                    ("quotas", "entities", i),
-                    f"entity {key.path} is already configured at quotas.entities.{seen[key]}",
-                )
-            )
-        seen.setdefault(key, i)
+    sections: list[tuple[tuple[str, ...], list[Any]]] = [(("quotas",), list(quotas.entities))]
+    if quotas.shadow is not None:  # (the candidate's entities, each once too)
+        sections.append((("quotas", "shadow"), list(quotas.shadow.entities)))
+    for at, entities in sections:
+        seen: dict[EntityKey, int] = {}
+        for i, entity in enumerate(entities):
+            key = entity.key()
+            if key in seen:
+                problems.append(((*at, "entities", i), f"entity {key.path} is already "
+                                 f"configured at {'.'.join(at)}.entities.{seen[key]}"))
+            seen.setdefault(key, i)
     addresses: dict[object, int] = {}  # the same address however written (ip_address)
     for i, ip in enumerate(quotas.ip_entities):
         address = address_of(ip.ip) if ip.ip != DEFAULT_NAME else DEFAULT_NAME

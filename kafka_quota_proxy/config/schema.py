@@ -19,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -382,6 +383,82 @@ class QuotaOverridesConfig(_Model):
         default=True, description="Create the topic (compacted) when an alter needs it.")
 
 
+class ShadowEntityConfig(QuotaEntityConfig):
+    """A shadow quota entity: as ``quotas.entities``' without ``controller_mutation_rate``."""
+
+    @field_validator("controller_mutation_rate")
+    @classmethod
+    def _not_evaluated(cls, value: float | None) -> float | None:
+        if value is not None:
+            raise ValueError("the shadow evaluates producer_byte_rate, consumer_byte_rate and "
+                             "request_percentage only (a refused topic mutation has no "
+                             "throttle to report)")
+        return value
+
+    @model_validator(mode="after")
+    def _complete(self) -> ShadowEntityConfig:  # (replaces the live entities' check)
+        if self.user is None and self.client_id is None:
+            raise ValueError("an entity names a user, a client-id, or both")
+        if not self.quotas():
+            raise ValueError("set at least one of producer_byte_rate, consumer_byte_rate, "
+                             "request_percentage")
+        return self
+
+
+class ShadowQuotasConfig(_Model):
+    """A candidate quota config evaluated beside the live one on the same traffic, with no
+    effect on clients (``docs/shadow-quotas.md``): its budgets record what the live budgets
+    record and export the throttles they would have imposed. Present and ``enabled``: on;
+    absent or ``enabled: false``: off. Applied by a reload like the live quotas."""
+
+    enabled: bool = Field(
+        default=True, description="Evaluate the candidate (false: keep the section, switched "
+        "off).")
+    window: QuotaWindowConfig = QuotaWindowConfig()
+    cap_byte_rate_throttle: bool = Field(
+        default=False,
+        description="Bound byte-rate throttles at one window, like request-time throttles.")
+    entities: list[ShadowEntityConfig] = []
+    # the live quotas' keys a shadow refuses, each with its reason (``_live_only``)
+    request_time: Any = None
+    ip_entities: Any = None
+    controller_mutation_window: Any = None
+    shadow: Any = None
+
+    @field_validator("request_time", "ip_entities", "controller_mutation_window", "shadow")
+    @classmethod
+    def _live_only(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None:
+            raise ValueError(_LIVE_ONLY[str(info.field_name)])
+        return value
+
+    @field_validator("entities", mode="before")
+    @classmethod
+    def _no_ip_entities(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            for i, e in enumerate(value):
+                if isinstance(e, dict) and "ip" in e:
+                    raise ValueError(f"quotas.shadow.entities.{i} names an ip: the shadow "
+                                     "evaluates user and client-id quotas only")
+        return value
+
+    def settings(self) -> QuotaSettings:
+        """The candidate's budgets, converted as the live quotas and the replay convert
+        theirs (``settings_from_section``)."""
+        return settings_from_section(self.model_dump(
+            exclude_none=True, include={"window", "cap_byte_rate_throttle", "entities"}))
+
+
+_LIVE_ONLY = {
+    "request_time": "a request's time is measured once, by quotas.request_time: the shadow "
+    "charges each request what the live quotas charge it (as a replay of the capture does)",
+    "ip_entities": "the shadow evaluates user and client-id quotas only",
+    "controller_mutation_window": "the shadow evaluates producer_byte_rate, "
+    "consumer_byte_rate and request_percentage only",
+    "shadow": "a shadow has no shadow of its own",
+}
+
+
 class QuotasConfig(_Model):
     window: QuotaWindowConfig = QuotaWindowConfig()
     controller_mutation_window: QuotaWindowConfig = Field(
@@ -418,6 +495,10 @@ class QuotasConfig(_Model):
         default=2.0, ge=0,
         description="How often the config file is checked for changes (0: only on SIGHUP).",
     )
+    shadow: ShadowQuotasConfig | None = Field(
+        default=None, description="A candidate config evaluated live beside this one, with "
+        "no effect on clients: the throttles it would have imposed, per entity, in the "
+        "metrics (docs/shadow-quotas.md). On and off by reload.")
 
     @field_validator("entities", mode="before")
     @classmethod
@@ -488,6 +569,16 @@ class QuotasConfig(_Model):
         """The same conversion the replay applies to the ``quotas-*.json`` next to a
         capture, so the two cannot drift apart."""
         return settings_from_section(self.model_dump(exclude_none=True))
+
+    def shadow_settings(self) -> QuotaSettings | None:
+        """The shadow's budgets while it is on (None: off)."""
+        shadow = self.shadow
+        return shadow.settings() if shadow is not None and shadow.enabled else None
+
+    def without_shadow(self) -> QuotasConfig:
+        """These quotas as the live budgets take them: a change of the shadow alone leaves
+        the live quotas (their generation, the capture's config files) as they were."""
+        return self if self.shadow is None else self.model_copy(update={"shadow": None})
 
 
 class RackClientRule(_Model):

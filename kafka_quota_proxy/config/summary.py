@@ -17,6 +17,7 @@ def summarize(config: ProxyConfig) -> str:
         f"max frame bytes    : {config.network.max_frame_bytes}",
         f"quota entities     : {len(config.quotas.entities)} "
         f"(window {config.quotas.window.samples} x {config.quotas.window.size_seconds} s)",
+        "shadow quotas      : " + _shadow(config),
         "fetch routing      : "
         + (f"{config.racks.selector} (proxy rack {config.racks.proxy_rack or 'unset'}, "
            f"{len(config.racks.clients)} client rules)" if config.racks else "off"),
@@ -94,3 +95,12 @@ def broker_view(config: ProxyConfig, security: object) -> str:
         return "each client's own SASL principal (the exchange goes to the broker)"
     return (f"every client as {proxy_principal(config)}: broker ACLs and quotas cannot tell "
             "clients apart")
+
+
+def _shadow(config: ProxyConfig) -> str:
+    shadow = config.quotas.shadow
+    if shadow is None:
+        return "off"
+    shape = (f"{len(shadow.entities)} entities (window {shadow.window.samples} x "
+             f"{shadow.window.size_seconds} s)")
+    return shape if shadow.enabled else f"off (enabled: false; {shape})"

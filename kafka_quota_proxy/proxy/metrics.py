@@ -135,29 +135,33 @@ def family(kind: Any, name: str, doc: str, label: str, values: dict[str, Any]) -
     return family
 
 
-def _entity_families(rows: list[EntityRow]) -> Iterator[Any]:
+def entity_families(rows: list[EntityRow], prefix: str = "kafka_proxy_quota_entity",
+                    of: str = "") -> Iterator[Any]:
     """Per busiest budget; one unit per metric (Prometheus conventions): byte rates and
-    request-time percentages are different metrics, times are in seconds."""
+    request-time percentages are different metrics, times are in seconds. ``prefix`` and
+    ``of`` (what the budgets are, at the head of each help text): the shadow quotas' too."""
     labels = ["broker", "quota", "user", "client_id"]
     byte_rate = GaugeMetricFamily(
-        "kafka_proxy_quota_entity_bytes_per_second",
-        "Measured byte rate of the busiest produce and fetch quota budgets", labels=labels)
+        f"{prefix}_bytes_per_second",
+        f"{of}Measured byte rate of the busiest produce and fetch quota budgets",
+        labels=labels)
     byte_limit = GaugeMetricFamily(
-        "kafka_proxy_quota_entity_bytes_per_second_limit",
-        "Byte-rate quota of the busiest produce and fetch budgets (absent: unlimited)",
+        f"{prefix}_bytes_per_second_limit",
+        f"{of}Byte-rate quota of the busiest produce and fetch budgets (absent: unlimited)",
         labels=labels)
     percent = GaugeMetricFamily(
-        "kafka_proxy_quota_entity_request_percentage",
-        "Measured request time of the busiest request-quota budgets, in % of one thread",
+        f"{prefix}_request_percentage",
+        f"{of}Measured request time of the busiest request-quota budgets, in % of one thread",
         labels=labels)
     percent_limit = GaugeMetricFamily(
-        "kafka_proxy_quota_entity_request_percentage_limit",
-        "Request quota of the busiest budgets, in % of one thread (absent: unlimited)",
+        f"{prefix}_request_percentage_limit",
+        f"{of}Request quota of the busiest budgets, in % of one thread (absent: unlimited)",
         labels=labels)
-    throttled = CounterMetricFamily("kafka_proxy_quota_entity_throttled_requests",
-                                    "Throttled requests of the busiest budgets", labels=labels)
-    throttle_s = CounterMetricFamily("kafka_proxy_quota_entity_throttle_seconds",
-                                     "Throttle time of the busiest budgets", labels=labels)
+    throttled = CounterMetricFamily(f"{prefix}_throttled_requests",
+                                    f"{of}Throttled requests of the busiest budgets",
+                                    labels=labels)
+    throttle_s = CounterMetricFamily(f"{prefix}_throttle_seconds",
+                                     f"{of}Throttle time of the busiest budgets", labels=labels)
     for broker, quota, user, client, r, bound, n, ms in rows:
         values = [broker, quota, user, client]
         request = quota == "request"
@@ -266,7 +270,7 @@ class _Collector(Collector):
         yield family(CounterMetricFamily, "kafka_proxy_credentials_reloads",
                      "Reloads of the SASL credentials file, by result", "result",
                      s.credentials_reloads)
-        yield from _entity_families(s.quota_entities())
+        yield from entity_families(s.quota_entities())
         yield family(GaugeMetricFamily, "kafka_proxy_client_state_entries",
                      "Entries held per structure keyed by client-chosen names (client-id, "
                      "user, address): each bounded or expiring", "structure",

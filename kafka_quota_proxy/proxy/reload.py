@@ -87,8 +87,8 @@ class ConfigReload:
         for feature in proxy.features:
             feature.reload(new)
         proxy.config = old.model_copy(update={name: getattr(new, name) for name in live})
-        if new.quotas != old.quotas:
-            proxy.reconfigure()
+        if new.quotas.without_shadow() != old.quotas.without_shadow():
+            proxy.reconfigure()  # (the shadow alone: its feature took it, in ``reload``)
         proxy.stats.reloads["success"] += 1
         self.restart_needed = ignored
         log.info("config_reloaded", file=self.path, quota_entities=len(new.quotas.entities),

@@ -39,14 +39,17 @@ class SensorView:
 
 
 class QuotaEnforcer:
-    def __init__(self, settings: QuotaSettings, idle_expiry_ms: int = ONE_HOUR_MS) -> None:
+    def __init__(self, settings: QuotaSettings, idle_expiry_ms: int = ONE_HOUR_MS,
+                 storage: StorageScaling | None = None) -> None:
+        """``storage``: another enforcer's storage scaling, followed (a shadow's:
+        ``quota.shadow``), not owned."""
         self.settings = settings
         self.idle_expiry_ms = idle_expiry_ms  # ``quotas.sensor_idle_expiry_seconds``
         self.managers: dict[int, QuotaManager] = {}
         self.generation = 0  # bumped on every config change
         self._enabled = {qt: False for qt in QuotaType}
         # Storage-aware throttling (see ``set_storage``), shared by every broker's manager
-        self.storage = StorageScaling()
+        self.storage = StorageScaling() if storage is None else storage
         self.storage_epoch = 0  # bumped whenever the storage scale changes
         self.shared: SharedHooks | None = None
         self._refresh_enabled()

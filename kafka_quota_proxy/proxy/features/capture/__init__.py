@@ -77,7 +77,9 @@ class CaptureFeature(Feature):
             "run": capture.run,
             "quota_generation": generation,
             "since_ms": int(time.time() * 1000),
-            "quotas": quotas.model_dump(mode="json", by_alias=True, exclude_none=True),
+            # (the live quotas: a shadow is never in force, its changes bump no generation)
+            "quotas": quotas.without_shadow().model_dump(mode="json", by_alias=True,
+                                                         exclude_none=True),
         }
         storage = self.runtime.config.storage
         if storage is not None:  # what a replay needs besides storage_scale

@@ -11,13 +11,13 @@ from kafka_quota_proxy.proxy.clock import now_ms
 from kafka_quota_proxy.proxy.feature import Feature, Runtime
 from kafka_quota_proxy.proxy.features.quotas.filter import QuotaFilter
 from kafka_quota_proxy.proxy.metrics import EntityRow
-from kafka_quota_proxy.quota.enforcer import BOOTSTRAP_SCOPE
+from kafka_quota_proxy.quota.enforcer import BOOTSTRAP_SCOPE, SensorView
 
 if TYPE_CHECKING:
     from kafka_quota_proxy.config.schema import QuotasConfig
     from kafka_quota_proxy.proxy.filters.base import Filter, FilterFactory
 
-__all__ = ["QuotaFilter", "QuotasFeature"]
+__all__ = ["QuotaFilter", "QuotasFeature", "entity_rows"]
 
 
 class QuotasFeature(Feature):
@@ -52,11 +52,16 @@ class QuotasFeature(Feature):
     def entity_rows(self) -> list[EntityRow]:
         """The most active entities' figures (``quotas.metrics_top_entities`` of them), which
         ``ProxyStats`` exports as its own families (``stats.quota_entities``)."""
-        rows: list[EntityRow] = []
         top = self.runtime.config.quotas.metrics_top_entities
-        for view in self.enforcer.top_sensors(top, now_ms()):
-            s = view.sensor
-            broker = "bootstrap" if view.broker == BOOTSTRAP_SCOPE else str(view.broker)
-            rows.append((broker, s.quota_type.short, s.tags[0], s.tags[1], view.rate, s.bound,
-                         s.throttled_requests, s.throttle_ms_total))
-        return rows
+        return entity_rows(self.enforcer.top_sensors(top, now_ms()))
+
+
+def entity_rows(views: list[SensorView]) -> list[EntityRow]:
+    """Budgets as the per-entity metrics export them (``proxy.metrics.entity_families``)."""
+    rows: list[EntityRow] = []
+    for view in views:
+        s = view.sensor
+        broker = "bootstrap" if view.broker == BOOTSTRAP_SCOPE else str(view.broker)
+        rows.append((broker, s.quota_type.short, s.tags[0], s.tags[1], view.rate, s.bound,
+                     s.throttled_requests, s.throttle_ms_total))
+    return rows
