@@ -263,6 +263,13 @@ def alter_ops(entity: QuotaEntity, adds: dict[str, str], deletes: Sequence[str]
 def format_quotas(entity: Sequence[tuple[str, str | None]],
                   values: Sequence[tuple[str, float]]) -> str:
     """One line of ``kafka-configs.sh --describe`` for a client quota entity."""
+    listed = ", ".join(f"{k}={java_double(v)}" for k, v in values)
+    return f"Quota configs for {entity_label(entity)} are {listed}"
+
+
+def entity_label(entity: Sequence[tuple[str, str | None]]) -> str:
+    """A client quota entity as ``kafka-configs.sh`` names it: ``user-principal 'alice',
+    client-id 'app'``, ``the default user-principal``."""
     names = dict(entity)
     parts = []
     for entity_type in ("user", "client-id", "ip"):
@@ -270,16 +277,18 @@ def format_quotas(entity: Sequence[tuple[str, str | None]],
             name = names[entity_type]
             label = _LABELS[entity_type]
             parts.append(f"{label} '{name}'" if name is not None else f"the default {label}")
-    listed = ", ".join(f"{k}={java_double(v)}" for k, v in values)
-    return f"Quota configs for {', '.join(parts)} are {listed}"
+    return ", ".join(parts)
 
 
-async def describe_quotas(conn: AdminConnection, components: Sequence[tuple[str, int, str | None]]
+async def describe_quotas(conn: AdminConnection, components: Sequence[tuple[str, int, str | None]],
+                          strict: bool = True
                           ) -> list[tuple[list[tuple[str, str | None]], list[tuple[str, float]]]]:
+    """The entities matching the filter and their quotas (no components and not ``strict``:
+    every entity, as ``ClientQuotaFilter.all()``)."""
     version = conn.version(DESCRIBE_CLIENT_QUOTAS)
     mod = _module(DESCRIBE_CLIENT_QUOTAS, version)
     response = await conn.roundtrip(
-        DESCRIBE_CLIENT_QUOTAS, version, strict=True,
+        DESCRIBE_CLIENT_QUOTAS, version, strict=strict,
         components=tuple(mod.ComponentData(entity_type=t, match_type=m, match=n)
                          for t, m, n in components))
     if int(response.error_code):
@@ -291,15 +300,31 @@ async def describe_quotas(conn: AdminConnection, components: Sequence[tuple[str,
 
 async def alter_quotas(conn: AdminConnection, entity: Sequence[tuple[str, str | None]],
                        ops: Sequence[tuple[str, float, bool]]) -> None:
+    for _, error in await alter_quota_entries(conn, [(entity, ops)]):
+        if error is not None:
+            raise error
+
+
+QuotaAlteration = tuple[Sequence[tuple[str, str | None]], Sequence[tuple[str, float, bool]]]
+
+
+async def alter_quota_entries(conn: AdminConnection, entries: Sequence[QuotaAlteration],
+                              validate_only: bool = False
+                              ) -> list[tuple[list[tuple[str, str | None]], KafkaError | None]]:
+    """One AlterClientQuotas request of several entities (each: its components and its ops
+    ``(key, value, remove)``): per entity of the response, the error it got (None: done, or
+    valid with ``validate_only``)."""
     version = conn.version(ALTER_CLIENT_QUOTAS)
     mod = _module(ALTER_CLIENT_QUOTAS, version)
     response = await conn.roundtrip(
-        ALTER_CLIENT_QUOTAS, version, validate_only=False, entries=(mod.EntryData(
+        ALTER_CLIENT_QUOTAS, version, validate_only=validate_only, entries=tuple(mod.EntryData(
             entity=tuple(mod.EntityData(entity_type=t, entity_name=n) for t, n in entity),
-            ops=tuple(mod.OpData(key=k, value=v, remove=r) for k, v, r in ops)),))
-    for result in response.entries:
-        if int(result.error_code):
-            raise error_for(int(result.error_code), result.error_message)
+            ops=tuple(mod.OpData(key=k, value=v, remove=r) for k, v, r in ops))
+            for entity, ops in entries))
+    return [([(str(e.entity_type), e.entity_name) for e in result.entity],
+             error_for(int(result.error_code), result.error_message)
+             if int(result.error_code) else None)
+            for result in response.entries]
 
 
 def _command_line() -> str:
@@ -679,7 +704,8 @@ class _EntityName(argparse.Action):
         namespace.entity_names = names
 
 
-def _connection_options(p: argparse.ArgumentParser) -> None:
+def connection_options(p: argparse.ArgumentParser) -> None:
+    """``--bootstrap-server`` and ``--command-config``."""
     p.add_argument("--bootstrap-server", dest="bootstrap_server", metavar="HOST:PORT",
                    help="the proxy or a Kafka broker: host1:port1,host2:port2,...")
     p.add_argument("--command-config", dest="command_config", metavar="FILE",
@@ -705,14 +731,14 @@ def register_quota_commands(qsub: Any) -> None:
         "describe", help="client quotas as kafka-configs.sh --describe prints them",
         description="Describe client quotas (DescribeClientQuotas) through the proxy or a "
         "Kafka broker, as kafka-configs.sh --describe --entity-type users|clients|ips does.")
-    _connection_options(p)
+    connection_options(p)
     _entity_options(p)
     p.set_defaults(func=cmd_quotas_describe)
     p = qsub.add_parser(
         "alter", help="alter client quotas as kafka-configs.sh --alter",
         description="Alter client quotas (AlterClientQuotas) through the proxy or a Kafka "
         "broker, as kafka-configs.sh --alter --entity-type ... --add-config k=v,... does.")
-    _connection_options(p)
+    connection_options(p)
     _entity_options(p)
     p.add_argument("--add-config", dest="add_config", metavar="K=V,...",
                    help="quotas to set: producer_byte_rate, consumer_byte_rate, "
@@ -729,7 +755,7 @@ def register_acls_command(sub: Any) -> None:
         "acls", help="list, add and remove ACLs as kafka-acls.sh",
         description="List, add and remove ACLs (DescribeAcls, CreateAcls, DeleteAcls) through "
         "the proxy or a Kafka broker, with kafka-acls.sh's options and output.")
-    _connection_options(p)
+    connection_options(p)
     p.add_argument("--list", action="store_true", help="list ACLs (of the given resources)")
     p.add_argument("--add", action="store_true", help="add ACLs")
     p.add_argument("--remove", action="store_true", help="remove ACLs")

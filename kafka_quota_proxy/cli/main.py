@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kafka_quota_proxy import __version__
-from kafka_quota_proxy.cli import admin_tools
+from kafka_quota_proxy.cli import admin_tools, apply_quotas
 from kafka_quota_proxy.config.errors import ConfigError
 from kafka_quota_proxy.config.loading import load_agent_config, load_config, load_quotas_config
 from kafka_quota_proxy.config.schema import ProxyConfig, QuotasConfig
@@ -191,6 +191,10 @@ def _cmd_quotas_simulate(args: argparse.Namespace) -> int:
 def _cmd_replay(args: argparse.Namespace) -> int:
     """Spark jobs over a capture (``spark_jobs``, imported only here: the proxy itself never
     needs Spark)."""
+    usage = _apply_usage(args)
+    if usage:
+        print(f"kafka-quota-proxy replay: error: {usage}", file=sys.stderr)
+        return 2
     quotas = _load_quotas(args.config)
     if quotas is None:
         return 1
@@ -216,7 +220,25 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         if key != "match_rate":
             print(f"{key}: {value}")
     print(f"report: {Path(args.out) / 'report.md'}")
+    if args.apply:  # the recommendation through AlterClientQuotas (a dry run unless --yes)
+        return apply_quotas.run_apply(Path(args.out) / apply_quotas.REPORT_FILE,
+                                      args.bootstrap_server, args.command_config, args.yes)
     return 0
+
+
+def _apply_usage(args: argparse.Namespace) -> str | None:
+    """What is wrong with replay's --apply options, if anything."""
+    if args.apply and not args.tune:
+        return "--apply needs --tune (it applies the recommendation)"
+    if args.apply and not args.bootstrap_server:
+        return "--apply needs --bootstrap HOST:PORT"
+    if not args.apply:
+        given = [flag for flag, value in (("--bootstrap", args.bootstrap_server),
+                                          ("--command-config", args.command_config),
+                                          ("--yes", args.yes)) if value]
+        if given:
+            return f"{', '.join(given)} only go with --apply"
+    return None
 
 
 def _write_recommended_config(config_path: str, out: Path) -> None:
@@ -393,6 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--events", required=True, metavar="FILE", help="JSON lines, or - for stdin")
     p.set_defaults(func=_cmd_quotas_simulate)
     admin_tools.register_quota_commands(qsub)
+    apply_quotas.register_apply_command(qsub)
     admin_tools.register_acls_command(sub)
 
     c = sub.add_parser("credentials", help="the users of a proxy that terminates SASL")
@@ -438,6 +461,18 @@ def build_parser() -> argparse.ArgumentParser:
                    "or below that of --config (default); free: no such cap")
     p.add_argument("--headroom", type=float, default=1.5, metavar="X",
                    help="--tune: limits are X times the demand (default 1.5)")
+    p.add_argument("--apply", action="store_true",
+                   help="--tune: then write the recommendation to the cluster with "
+                   "AlterClientQuotas (as quotas apply): a diff per entity and quota key "
+                   "against what DescribeClientQuotas reports, sent with validate_only; "
+                   "altered only with --yes. Keys set live but not recommended are kept")
+    p.add_argument("--bootstrap", "--bootstrap-server", dest="bootstrap_server",
+                   metavar="HOST:PORT", help="--apply: the proxy (or a Kafka broker)")
+    p.add_argument("--command-config", dest="command_config", metavar="FILE",
+                   help="--apply: Kafka client properties for the connection (as "
+                   "kafka-configs.sh reads them)")
+    p.add_argument("--yes", action="store_true",
+                   help="--apply: alter for real after validate_only (default: a dry run)")
     p.set_defaults(func=_cmd_replay)
     return parser
 
