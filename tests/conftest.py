@@ -16,6 +16,7 @@ LONGEST_FIRST = (
     "tests/e2e/test_drill_soak.py",
     "tests/e2e/test_forged_records.py",
     "tests/e2e/test_shared_quotas.py",
+    "tests/e2e/test_shadow_quotas.py",
     "tests/e2e/test_capture.py",
     "tests/e2e/test_request_quota.py",
     "tests/e2e/test_drill_faults.py",
