@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kafka_quota_proxy.proxy.features.capture.writer import FIELDS
 from kafka_quota_proxy.quota.replay import replay_rows, settings_from_section
+from kafka_quota_proxy.spark_jobs.held import held_seconds
 from testkit.synth_capture import write_capture_file
 
 
@@ -119,12 +120,15 @@ def throttles(rows: pd.DataFrame, section: Mapping[str, Any]) -> pd.DataFrame:
 
 
 def throttled_client_seconds(rows: pd.DataFrame, section: Mapping[str, Any]) -> int:
-    """(user, client-id, second) triples in which at least one request of that client was
-    held back (on any broker) under ``section``."""
-    t = throttles(rows, section)
-    held = t.max(axis=1) > 0
-    hit = rows.loc[held, ["user", "client_id"]].assign(second=rows.loc[held, "ts_ms"] // 1000)
-    return len(hit.drop_duplicates())
+    """The seconds in which each client was held back under ``section``, per broker, summed
+    (``spark_jobs.held``: what the report counts)."""
+    held = throttles(rows, section).max(axis=1).to_numpy()
+    entity = pd.factorize(rows["user"] + "/" + rows["client_id"])[0]
+    total = 0
+    for broker in np.unique(rows["broker"].to_numpy()):
+        on = rows["broker"].to_numpy() == broker
+        total += int(held_seconds(entity[on], rows["quota_ms"].to_numpy()[on], held[on]).sum())
+    return total
 
 
 def generate(out: Path, seconds: float = 720, brokers: int = 2, seed: int = 11,

@@ -208,7 +208,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     try:
         options = TuneOptions(percentile=args.percentile / 100.0,
                               min_minutes=args.min_minutes, broker_threads=args.broker_threads,
-                              total_budget=args.total_budget, headroom=args.headroom)
+                              total_budget=args.total_budget, headroom=args.headroom,
+                              span_seconds=args.span_seconds)
         facts = run(args.capture, args.out, quotas.model_dump(exclude_none=True),
                     master=args.master, tune=args.tune, options=options)
     except (FileNotFoundError, KeyError, ValueError) as exc:
@@ -217,7 +218,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     if args.tune:
         _write_recommended_config(args.config, Path(args.out))
     for key, value in facts.items():
-        if key != "match_rate":
+        if isinstance(value, list):
+            print(f"{key}:" + "".join(f"\n  {line}" for line in value))
+        elif key != "match_rate":
             print(f"{key}: {value}")
     print(f"report: {Path(args.out) / 'report.md'}")
     if args.apply:  # the recommendation through AlterClientQuotas (a dry run unless --yes)
@@ -445,13 +448,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Spark master (default: local[*], or what spark-submit sets)")
     p.add_argument("--tune", action="store_true",
                    help="recommend quotas: out/recommended.yaml, replayed in the report (the "
-                   "entities of --config kept, values from the capture's sustained demand)")
+                   "entities of --config kept, values from the load its clients offered)")
     p.add_argument("--percentile", type=float, default=99.0, metavar="P",
-                   help="--tune: a budget's demand is this percentile of its per-second rate "
-                   "over the seconds with traffic in the capture's whole minutes (default 99)")
+                   help="--tune: a budget's demand is this percentile of its per-second "
+                   "offered load over the seconds with clients present in the capture's "
+                   "whole minutes (default 99)")
     p.add_argument("--min-minutes", type=float, default=5, dest="min_minutes", metavar="N",
                    help="--tune: whole minutes of data needed to set a value; with fewer, the "
                    "live value is kept (default 5)")
+    p.add_argument("--span-seconds", type=int, default=60, dest="span_seconds", metavar="N",
+                   help="--tune: count whole spans of N seconds (1-60) instead of whole "
+                   "minutes, for a short capture: --span-seconds 10 --min-minutes 0.5 tunes "
+                   "from three whole 10 s spans, as the demo does (default 60)")
     p.add_argument("--broker-threads", type=int, default=11, dest="broker_threads",
                    metavar="N", help="--tune: request_percentage is at most 100 x N (the "
                    "brokers' num.network.threads + num.io.threads; default 3 + 8 = 11)")

@@ -5,12 +5,17 @@ authenticating as their users, with quotas:
   2 MB/s by a hot reload of the config file half-way;
 - ``demo-reader`` (user bob) reads the topic from the start under a per-client-id quota of
   1.5 MB/s;
-- carol, the neighbour without a quota, produces 1.5 MB/s and audits the topic (every
+- carol produces 1 MB/s under a per-user quota of 3 MB/s, and audits the topic (every
   acknowledged message consumed exactly once).
 
+The producer quotas are mis-sized on purpose, as an operator meets them: alice is starved while
+carol has headroom she never uses.
+
 A live table shows each client's rate, its quota, the rate its quota budget measures, and the
-throttles. At the end the capture is replayed through the quota engine and tuned (Spark job),
-and the recommended config is printed with where the report is.
+throttles. At the end the capture is replayed through the quota engine and tuned (Spark job):
+the recommendation moves producer budget from carol to alice at the same total, says why per
+entity, and the throttled client-seconds before and after are printed with where the report
+is.
 """
 
 from __future__ import annotations
@@ -41,12 +46,17 @@ from kafka_quota_proxy.security.credentials import add_user
 
 ALICE = DemoClient("alice-loader", "alice", "alice-secret", "producer", rate=3_000_000)
 READER = DemoClient("demo-reader", "bob", "bob-secret", "consumer")
-CAROL = DemoClient("carol-app", "carol", "carol-secret", "producer", rate=1_500_000)
+CAROL = DemoClient("carol-app", "carol", "carol-secret", "producer", rate=1_000_000)
 AUDIT = DemoClient("carol-audit", "carol", "carol-secret", "consumer")
 CLIENTS = (ALICE, READER, CAROL, AUDIT)
 ALICE_QUOTA = 1_000_000
 ALICE_RELOADED = 2_000_000
 READER_QUOTA = 1_500_000
+CAROL_QUOTA = 3_000_000
+# The short capture of a demo is tuned from whole 10 s spans, half a minute of them at least
+# (a real capture is asked for 5 whole minutes): the CLI's --span-seconds and --min-minutes.
+SPAN_SECONDS = 10
+MIN_MINUTES = 0.5
 
 
 def quotas_yaml(alice: int) -> str:
@@ -56,6 +66,7 @@ def quotas_yaml(alice: int) -> str:
   entities:
     - {{user: alice, producer_byte_rate: {alice}}}
     - {{client-id: demo-reader, consumer_byte_rate: {READER_QUOTA}}}
+    - {{user: carol, producer_byte_rate: {CAROL_QUOTA}}}
 """
 
 
@@ -119,7 +130,8 @@ async def _run(seconds: float, out: Path) -> tuple[int, bool]:
               f"topic           : {TOPIC}\n"
               f"quotas          : user alice producer_byte_rate {ALICE_QUOTA / 1e6:.1f} MB/s; "
               f"client-id demo-reader consumer_byte_rate {READER_QUOTA / 1e6:.1f} MB/s; "
-              f"carol: none\n"
+              f"user carol producer_byte_rate {CAROL_QUOTA / 1e6:.1f} MB/s (mis-sized on "
+              f"purpose: alice starved, carol with headroom)\n"
               f"clients         : alice-loader (alice, offers {ALICE.rate / 1e6:.1f} MB/s), "
               f"demo-reader (bob, reads from the start), carol-app (carol, "
               f"{CAROL.rate / 1e6:.1f} MB/s), carol-audit (carol, checks every message)\n"
@@ -180,7 +192,8 @@ async def _run(seconds: float, out: Path) -> tuple[int, bool]:
             await asyncio.to_thread(t.join, 90)
         await proxy.shutdown()
         broker.stop()
-    for line in summary_lines(rates, reloaded_at, ALICE_QUOTA, ALICE_RELOADED, READER_QUOTA):
+    for line in summary_lines(rates, reloaded_at, ALICE_QUOTA, ALICE_RELOADED, READER_QUOTA,
+                              CAROL_QUOTA):
         print(line)
     produced = sum(counters[c.client_id].produced for c in CLIENTS if c.role == "producer")
     audit = counters[AUDIT.client_id]
@@ -202,29 +215,30 @@ def _replay_and_tune(out: Path) -> bool:
     recommended config. False if Spark could not run here (no Java)."""
     if shutil.which("java") is None:
         print("\n(replay skipped: the Spark jobs need Java 17+ on PATH; then run: "
-              f"kafka-quota-proxy replay --capture {out / 'capture'} --out {out / 'report'} "
-              "--tune)")
+              f"{_replay_command(out)})")
         return False
     from kafka_quota_proxy.spark_jobs.main import run
     from kafka_quota_proxy.spark_jobs.tune import TuneOptions
 
     print("\nreplaying the capture through the quota engine and tuning (Spark) ...", flush=True)
     report = out / "report"
-    # A demo's capture is a minute long: recommend from whole 10 s spans instead of the
-    # minutes a real capture is asked for (TuneOptions.min_minutes).
-    facts = run(out / "capture", report, None, master="local[2]", tune=True,
-                options=TuneOptions(min_minutes=0.5, span_seconds=10))
+    options = TuneOptions(min_minutes=MIN_MINUTES, span_seconds=SPAN_SECONDS)
+    facts = run(out / "capture", report, None, master="local[2]", tune=True, options=options)
     for key, value in facts.items():
         if key in ("requests", "reproduction match") or key.startswith("throttled"):
-            print(f"{key:<30}: {value}")
+            print(f"{key:<54}: {value}")
+    print("\nwhy, per entity:\n" + "\n".join(f"  {w}" for w in facts.get("why, per entity", [])))
     recommended = report / "recommended-quotas.yaml"
-    text = (report / "report.md").read_text()
-    start = text.find("| entity |")  # the report's per-entity table: live, recommended, why
-    if start >= 0:
-        print("\n" + text[start:text.find("\n\n", start)])
     print(f"\nrecommended config ({recommended}):\n{recommended.read_text()}"
-          f"report: {report / 'report.md'} (plots: rates.png, throttles.png, before_after.png)")
+          f"report: {report / 'report.md'} (plots: rates.png, throttles.png, before_after.png)\n"
+          f"the same from the command line: {_replay_command(out)}")
     return True
+
+
+def _replay_command(out: Path) -> str:
+    return (f"kafka-quota-proxy replay --capture {out / 'capture'} --config "
+            f"{out / 'config.yaml'} --out {out / 'report'} --tune --span-seconds "
+            f"{SPAN_SECONDS} --min-minutes {MIN_MINUTES:g}")
 
 
 MARKER = ".kafka-quota-proxy-demo"

@@ -110,7 +110,7 @@ def table(proxy: Any, view: BudgetView, rates: Rates, clients: Iterable[Any],
 
 
 def summary_lines(rates: Rates, reloaded_at: float | None, alice_quota: int,
-                  alice_reloaded: int, reader_quota: int) -> list[str]:
+                  alice_reloaded: int, reader_quota: int, carol_quota: int) -> list[str]:
     """Each client's average rate once settled, against its quota."""
     end = rates.ticks[-1] if rates.ticks else 0.0
     first_end = reloaded_at if reloaded_at is not None else end
@@ -130,5 +130,5 @@ def summary_lines(rates: Rates, reloaded_at: float | None, alice_quota: int,
     if reloaded_at is not None:
         line("alice-loader", reloaded_at + SETTLE_S, end, alice_reloaded)
     line("demo-reader", SETTLE_S, end, reader_quota)
-    line("carol-app", SETTLE_S, end, None)
+    line("carol-app", SETTLE_S, end, carol_quota)
     return lines

@@ -20,6 +20,7 @@ from kafka_quota_proxy.quota.replay import settings_from_section
 from kafka_quota_proxy.spark_jobs import report
 from kafka_quota_proxy.spark_jobs.capture import (
     read_capture,
+    read_live_config_times,
     read_live_configs,
     read_storage_settings,
 )
@@ -52,6 +53,7 @@ from kafka_quota_proxy.spark_jobs.tune import (
     governing,
     offered_demand,
     offered_intervals,
+    reasons,
     retune,
     whole_minutes,
 )
@@ -167,11 +169,13 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
     recorded_histogram = (recorded.groupby("bucket_ms")["requests"].sum().reset_index()
                           .sort_values("bucket_ms"))
     facts["throttled requests (recorded)"] = int(recorded_histogram["requests"].sum())
-    facts["throttled requests (replay)"] = int(histogram["requests"].sum())
+    facts[f"throttled requests (replayed, {label})"] = int(histogram["requests"].sum())
+    facts["throttled client-seconds (recorded)"] = int(totals_pd["recorded_held_seconds"].sum())
+    facts[f"throttled client-seconds (replayed, {label})"] = int(totals_pd["held_seconds"].sum())
 
     # Rates of the top budgets over time, with the quota each has.
-    series, quotas = _top_budgets(seconds, mapping, chosen or base or {},
-                                  base if tune else None)
+    series, quotas = _top_budgets(seconds, mapping, chosen, label,
+                                  _history(live, read_live_config_times(capture_dir)))
     seconds.unpersist()
     sec.unpersist()
     plots = {"Rate vs quota, top budgets": "rates.png",
@@ -182,10 +186,14 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
     report.plot_before_after(totals_pd, out / "before_after.png", label)
     before_after = _before_after(totals_pd, recorded, pairs, chosen or base or {})
     before_after.to_csv(out / "before_after.csv", index=False)
+    if recommendation is not None:
+        recommendation.why = reasons(recommendation, _held_by_entity(before_after, base or {}))
+        facts["why, per entity"] = recommendation.why
     phase("report")
     facts["seconds"] = round(time.monotonic() - started, 1)
     facts["seconds by phase"] = phases
-    report.write_report(out, {k: v for k, v in facts.items() if k != "match_rate"}, profile,
+    report.write_report(out, {k: v for k, v in facts.items()
+                              if k not in ("match_rate", "why, per entity")}, profile,
                         before_after, plots, recommendation, label, base_label, multi)
     (out / "summary.json").write_text(json.dumps(facts, indent=1, default=str))
     return facts
@@ -261,11 +269,20 @@ def _label(qt: QuotaType, tags: tuple[str, str]) -> str:
     return f"{path} {qt.short}"
 
 
-def _top_budgets(seconds: DataFrame, mapping: pd.DataFrame, section: Mapping[str, Any],
-                 live: Mapping[str, Any] | None, n: int = 4,
-                 ) -> tuple[pd.DataFrame, dict[str, list[tuple[str, float]]]]:
+def _history(live: Mapping[tuple[str, int], Mapping[str, Any]],
+             times: Mapping[tuple[str, int], int]) -> list[tuple[float, Mapping[str, Any]]]:
+    """The live configs in the order they took effect: (Unix s, ``quotas`` section)."""
+    return sorted(((times.get(key, 0) / 1000.0, section) for key, section in live.items()),
+                  key=lambda item: item[0])
+
+
+def _top_budgets(seconds: DataFrame, mapping: pd.DataFrame, chosen: Mapping[str, Any] | None,
+                 label: str, history: list[tuple[float, Mapping[str, Any]]], n: int = 4,
+                 ) -> tuple[pd.DataFrame, dict[str, list[report.QuotaLine]]]:
     """The per-second rates of the ``n`` produce/fetch budgets that moved the most bytes, on
-    the busiest broker of each, and each one's quota under ``section`` (and ``live``)."""
+    the busiest broker of each, and each one's quota over time: as the live configs set it
+    (``history``, a step at each generation) and under the replayed config (``chosen``,
+    ``label``)."""
     names = mapping[["budget", *KEYS]].drop_duplicates("budget")
     names = names[names["quota_type"].isin(["produce", "fetch"])]
     per_broker = _pandas(seconds.groupBy("budget", "broker").agg(F.sum("value").alias("total")))
@@ -273,46 +290,63 @@ def _top_budgets(seconds: DataFrame, mapping: pd.DataFrame, section: Mapping[str
            .drop_duplicates("budget").head(n))
     if top.empty:
         return pd.DataFrame(columns=["label", "second", "value"]), {}
-    chosen = seconds.sparkSession.createDataFrame(top[["budget", "broker"]],
+    picked = seconds.sparkSession.createDataFrame(top[["budget", "broker"]],
                                                   "budget int, broker int")
-    rates = _pandas(seconds.join(F.broadcast(chosen), ["budget", "broker"]))
-    which = "recommended" if live is not None else "replayed"
-    quotas: dict[str, list[tuple[str, float]]] = {}
+    rates = _pandas(seconds.join(F.broadcast(picked), ["budget", "broker"]))
+    quotas: dict[str, list[report.QuotaLine]] = {}
     labels = {}
     for r in top.itertuples(index=False):
         qt = QuotaType.from_short(str(r.quota_type))
         tags = (str(r.budget_user), str(r.budget_client))
-        label = labels[r.budget] = _label(qt, tags)
+        name = labels[r.budget] = _label(qt, tags)
         lines = []
-        for name, config in ((which, section), ("live", live)):
-            if config is not None:
-                limit = governing(config, qt, tags)[0]
-                if limit is not None:
-                    lines.append((name, limit))
-        quotas[label] = lines
+        if chosen is not None:
+            lines.append(report.QuotaLine(label, [(0.0, governing(chosen, qt, tags)[0])]))
+        if history:
+            lines.append(report.QuotaLine("live", [(at, governing(config, qt, tags)[0])
+                                                   for at, config in history]))
+        quotas[name] = [q for q in lines if any(v is not None for _, v in q.changes)]
     rates["label"] = rates["budget"].map(labels)
     order = {budget: i for i, budget in enumerate(labels)}
     rates = rates.assign(_order=rates["budget"].map(order)).sort_values(["_order", "second"])
     return rates[["label", "second", "value"]], quotas
 
 
+def _held_by_entity(before_after: pd.DataFrame, section: Mapping[str, Any]
+                    ) -> dict[tuple[str, str], tuple[int, int]]:
+    """(entity path, quota) -> the throttled client-seconds of the (user, client-id) pairs it
+    governs under ``section``, recorded and replayed."""
+    settings = settings_from_section(section)
+    out: dict[tuple[str, str], tuple[int, int]] = {}
+    for r in before_after.itertuples(index=False):
+        for qt in QuotaType:
+            entity = resolve(settings.for_type(qt), qt, str(r.user), str(r.client_id)).entity
+            if entity is not None:
+                key = (entity.path, qt.value)
+                before, after = out.get(key, (0, 0))
+                out[key] = (before + int(r.recorded_held_seconds), after + int(r.held_seconds))
+    return out
+
+
 def _before_after(totals: pd.DataFrame, recorded: pd.DataFrame,
                   pairs: list[tuple[str, str]], section: Mapping[str, Any]) -> pd.DataFrame:
     """Per (user, client-id): the entities whose budgets it records into under ``section``,
-    then throttled requests, time held back and bytes delayed, recorded and replayed."""
+    then throttled client-seconds (``held``), throttled requests, time held back and bytes
+    delayed, recorded and replayed."""
     rec = recorded.groupby(["user", "client_id"]).agg(
         recorded_throttled_requests=("requests", "sum"),
         recorded_held_back_s=("throttle_ms", "sum"),
         recorded_bytes_delayed=("moved", "sum")).reset_index()
     rec["recorded_held_back_s"] = rec["recorded_held_back_s"] / 1000.0
     replayed = totals[["user", "client_id", "throttled_requests", "throttle_ms",
-                       "bytes_delayed"]].assign(held_back_s=totals["throttle_ms"] / 1000.0)
+                       "bytes_delayed", "held_seconds", "recorded_held_seconds"]].assign(
+        held_back_s=totals["throttle_ms"] / 1000.0)
     out = replayed.drop(columns="throttle_ms").merge(rec, on=["user", "client_id"],
                                                      how="outer")
     numbers = [c for c in out.columns if c not in ("user", "client_id")]
     out[numbers] = out[numbers].fillna(0)
     counts = ["throttled_requests", "bytes_delayed", "recorded_throttled_requests",
-              "recorded_bytes_delayed"]
+              "recorded_bytes_delayed", "held_seconds", "recorded_held_seconds"]
     out[counts] = out[counts].astype("int64")
     settings = settings_from_section(section)
     names = {}

@@ -30,6 +30,7 @@ from kafka_quota_proxy.quota.replay import (
     replay_rows,
     settings_from_section,
 )
+from kafka_quota_proxy.spark_jobs.held import held_seconds
 
 # What crosses to the Python workers: numbers only. Strings cost more to move than the engine
 # costs to run, so run and (user, client-id) travel as 64-bit hashes and come back through a
@@ -151,7 +152,7 @@ def _per_request(pdf: pd.DataFrame, candidate: QuotaSettings | None,
 
 SUMMARY = ("entity long, bucket_ms int, requests long, throttle_ms long, "
            "moved long, recorded_throttled_requests long, recorded_throttle_ms long, "
-           "matched long")
+           "matched long, held_seconds long, recorded_held_seconds long")
 
 
 def _summary(pdf: pd.DataFrame, candidate: QuotaSettings | None,
@@ -168,6 +169,14 @@ def _summary(pdf: pd.DataFrame, candidate: QuotaSettings | None,
         moved=("moved", "sum"), recorded_throttled_requests=("recorded_throttled", "sum"),
         recorded_throttle_ms=("recorded_throttle_ms", "sum"), matched=("matched", "sum"),
     ).reset_index()
+    # Throttled client-seconds, replayed and recorded (``held``), on each entity's first row.
+    first = ~out["entity"].duplicated()
+    entity = r["entity"].to_numpy()
+    quota_ms = pdf["quota_ms"].reindex(r.index).to_numpy()  # (r: pdf's rows, sorted)
+    for column, held in (("held_seconds", throttle),
+                         ("recorded_held_seconds", r["recorded_throttle_ms"].to_numpy())):
+        counts = held_seconds(entity, quota_ms, held)
+        out[column] = np.where(first, out["entity"].map(counts).fillna(0), 0).astype(np.int64)
     return out
 
 
@@ -255,8 +264,9 @@ def match_rate(replayed: DataFrame) -> tuple[int, int]:
 
 def entity_totals(summary: DataFrame) -> DataFrame:
     """Per (user, client-id) from ``replay_summary``: requests, throttled requests, time held
-    back (the largest of the three throttles) and bytes delayed (the bytes of the requests
-    after which the client was held back), replayed and as recorded."""
+    back (the largest of the three throttles), bytes delayed (the bytes of the requests
+    after which the client was held back) and throttled client-seconds (``held``), replayed
+    and as recorded."""
     throttled = F.col("bucket_ms") >= 0
     return summary.groupBy("user", "client_id").agg(
         F.sum("requests").alias("requests"),
@@ -265,6 +275,8 @@ def entity_totals(summary: DataFrame) -> DataFrame:
         F.sum(F.when(throttled, F.col("moved")).otherwise(0)).alias("bytes_delayed"),
         F.sum("recorded_throttled_requests").alias("recorded_throttled_requests"),
         F.sum("recorded_throttle_ms").alias("recorded_throttle_ms"),
+        F.sum("held_seconds").alias("held_seconds"),
+        F.sum("recorded_held_seconds").alias("recorded_held_seconds"),
     )
 
 

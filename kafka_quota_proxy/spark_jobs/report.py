@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,21 +18,32 @@ from kafka_quota_proxy.spark_jobs.replay import MultiProcess
 from kafka_quota_proxy.spark_jobs.tune import Recommendation
 
 
-def plot_rates(series: pd.DataFrame, quotas: dict[str, list[tuple[str, float]]],
-               path: Path) -> None:
+def plot_rates(series: pd.DataFrame, quotas: dict[str, list[QuotaLine]], path: Path,
+               window_s: int = 11) -> None:
     """Per-second rate of the top budgets over time (``label``, ``second``, ``value``: bytes/s
-    on the budget's busiest broker), each with its own quota lines in its colour, labelled
-    (``quotas``: label -> [(which config, limit)]; dashed, then dotted)."""
+    on the budget's busiest broker; a second without a row moved nothing, drawn as 0, so no
+    line bridges an idle stretch), thin, with the rate over the quota window
+    (``window_s``, Kafka's 11 x 1 s) bold; each budget's quotas in its colour as steps at
+    each generation (``quotas``: label -> lines, dashed, then dotted)."""
     fig, ax = plt.subplots(figsize=(10, 4.8))
-    start = series["second"].min() if not series.empty else 0
+    if not series.empty:
+        start, end = int(series["second"].min()), int(series["second"].max())
+        seconds = np.arange(start, end + 1)
     for label, group in series.groupby("label", sort=False):
-        g = group.sort_values("second")
-        line = ax.plot(g["second"] - start, g["value"] / 1e6, label=f"{label} rate",
-                       linewidth=1)[0]
-        for (which, limit), style in zip(quotas.get(str(label), []), ("--", ":"),
-                                         strict=False):
-            ax.axhline(limit / 1e6, color=line.get_color(), linestyle=style, linewidth=1.2,
-                       label=f"{_budget_name(str(label))} quota ({which})")
+        rate = (group.groupby("second")["value"].sum().reindex(seconds, fill_value=0.0)
+                / 1e6)
+        x = seconds - start
+        line = ax.plot(x, rate.to_numpy(), linewidth=0.6, alpha=0.35)[0]
+        colour = line.get_color()
+        windowed = rate.rolling(window_s, min_periods=1).mean()
+        ax.plot(x, windowed.to_numpy(), color=colour, linewidth=1.6,
+                label=f"{label} rate ({window_s} s window; thin: per second)")
+        for q, style in zip(quotas.get(str(label), []), ("--", ":"), strict=False):
+            xs, ys = q.steps(start, end)
+            if xs:
+                ax.step(xs, [y / 1e6 if y is not None else np.nan for y in ys], where="post",
+                        color=colour, linestyle=style, linewidth=1.2,
+                        label=f"{_budget_name(str(label))} quota ({q.which})")
     if series.empty:
         ax.text(0.5, 0.5, "no produce or fetch traffic", ha="center", va="center")
     ax.set_xlabel("seconds since the capture started")
@@ -40,6 +52,33 @@ def plot_rates(series: pd.DataFrame, quotas: dict[str, list[tuple[str, float]]],
     if not series.empty:
         ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     _save(fig, path)
+
+
+@dataclass(frozen=True)
+class QuotaLine:
+    """A budget's quota under one config (``which``) over time: ``changes`` are (Unix s it
+    took effect, limit or None for no quota), in time order; the first holds from the start."""
+
+    which: str
+    changes: list[tuple[float, float | None]]
+
+    def steps(self, start: int, end: int) -> tuple[list[float], list[float | None]]:
+        """Step points in seconds since ``start``, up to ``end`` (both Unix s)."""
+        xs: list[float] = []
+        ys: list[float | None] = []
+        for i, (at, limit) in enumerate(self.changes):
+            x = 0.0 if i == 0 else max(0.0, at - start)
+            if x > end - start:
+                break
+            if xs and x <= xs[-1]:
+                xs.pop()
+                ys.pop()
+            xs.append(x)
+            ys.append(limit)
+        if xs:
+            xs.append(float(end - start))
+            ys.append(ys[-1])
+        return xs, ys
 
 
 def _budget_name(label: str) -> str:
@@ -77,17 +116,21 @@ def _plural(histogram: pd.DataFrame) -> str:
 
 
 def plot_before_after(totals: pd.DataFrame, path: Path, label: str) -> None:
-    """Time held back per entity: as recorded (the live config) vs the replayed config."""
-    top = totals.sort_values(["recorded_throttle_ms", "throttle_ms"], ascending=False).head(12)
+    """Throttled client-seconds per client: as recorded (the live config) vs the replayed
+    config, with the totals in the legend."""
+    top = totals.sort_values(["recorded_held_seconds", "held_seconds"],
+                             ascending=False).head(12)
     fig, ax = plt.subplots(figsize=(9, 4.5))
     x = range(len(top))
-    ax.bar([i - 0.2 for i in x], top["recorded_throttle_ms"] / 1000, width=0.4,
-           label="recorded (live config)")
-    ax.bar([i + 0.2 for i in x], top["throttle_ms"] / 1000, width=0.4, label=label)
+    before, after = int(totals["recorded_held_seconds"].sum()), int(totals["held_seconds"].sum())
+    ax.bar([i - 0.2 for i in x], top["recorded_held_seconds"], width=0.4,
+           label=f"recorded, live config (total {before:,})")
+    ax.bar([i + 0.2 for i in x], top["held_seconds"], width=0.4,
+           label=f"replayed, {label} (total {after:,})")
     ax.set_xticks(list(x), [str(c) for c in top["client_id"]], rotation=30, ha="right",
                   fontsize="small")
-    ax.set_ylabel("time held back (s)")
-    ax.set_title("Before / after")
+    ax.set_ylabel("throttled client-seconds")
+    ax.set_title("Before / after: seconds in which each client was held back")
     ax.legend(fontsize="small")
     _save(fig, path)
 
@@ -117,7 +160,9 @@ def _table(df: pd.DataFrame, columns: list[str], n: int = 15) -> str:
     return "\n".join(lines)
 
 
-BEFORE_AFTER = {"recorded_throttled_requests": "recorded: throttled requests",
+BEFORE_AFTER = {"recorded_held_seconds": "recorded: throttled client-s",
+                "held_seconds": "replayed: throttled client-s",
+                "recorded_throttled_requests": "recorded: throttled requests",
                 "recorded_held_back_s": "recorded: held back (s)",
                 "recorded_bytes_delayed": "recorded: bytes delayed",
                 "throttled_requests": "replayed: throttled requests",
@@ -206,9 +251,11 @@ def write_report(out: Path, facts: dict[str, Any], profile: pd.DataFrame,
             lines += ["**Data.**", ""] + [f"- {n}" for n in r.notes] + [""]
         lines += ["```yaml", yaml.safe_dump({"quotas": r.section}, sort_keys=False).rstrip(),
                   "```", "", "Per entity (live: the base config; budgets: how many budgets of "
-                  "the capture the entity governs; demand: the sustained demand the value is "
+                  "the capture the entity governs; demand: the offered load the value is "
                   "from):", "",
                   _table(r.entities, list(r.entities.columns), n=200), ""]
+        if r.why:
+            lines += ["Why, per entity:", ""] + [f"- {w}" for w in r.why] + [""]
         if not r.totals.empty:
             lines += ["Totals per broker (the sum of each budget's limit over the budgets "
                       "seen; demand: the sum of their demands):", "",
@@ -218,12 +265,20 @@ def write_report(out: Path, facts: dict[str, Any], profile: pd.DataFrame,
     ordered = before_after.assign(
         _key=before_after["recorded_held_back_s"] + before_after["held_back_s"]).sort_values(
         "_key", ascending=False)
+    before = int(before_after["recorded_held_seconds"].sum())
+    after = int(before_after["held_seconds"].sum())
     renamed = ordered.rename(columns={**BEFORE_AFTER,
                                       "entities": f"entities ({label or 'replayed'})"})
     lines += ["", f"## Before / after per entity (recorded vs replayed: {label})", "",
-              "Throttled requests, time held back (the largest of the three throttles) and "
-              "bytes delayed (of the requests after which the client was held back), as the "
-              "proxy recorded them and as the replay gives them.", "",
+              "Throttled client-seconds (the seconds in which the client was held back by a "
+              "throttle, counted per proxy process and broker), throttled requests, time "
+              "held back (the largest of the three throttles) and bytes delayed (of the "
+              "requests after which the client was held back), as the proxy recorded them "
+              "and as the replay gives them. The replay sends the recorded requests at their "
+              "recorded times: a client the live config held back would have sent more "
+              "under a higher quota.", "",
+              f"**Total throttled client-seconds**: recorded {before:,}, replayed "
+              f"({label or 'replayed'}) {after:,}.", "",
               _table(renamed, ["user", "client_id", f"entities ({label or 'replayed'})",
                                *BEFORE_AFTER.values()], n=40), ""]
     talkers = profile.assign(total=profile["produce_bytes"] + profile["fetch_bytes"]).sort_values(

@@ -499,6 +499,42 @@ class Recommendation:
     notes: list[str] = field(default_factory=list)
     rule: str = ""
     whole_minutes: float = 0
+    why: list[str] = field(default_factory=list)  # one line per entity (``reasons``)
+
+
+def reasons(rec: Recommendation,
+            held: Mapping[tuple[str, str], tuple[int, int]] | None = None) -> list[str]:
+    """One line per (entity, quota type) of ``rec``: its value, live -> recommended, and why.
+    ``held``: (entity path, quota) -> the throttled client-seconds of the clients it governs,
+    recorded and replayed under the recommendation."""
+    lines = []
+    for r in rec.entities.to_dict("records"):
+        qt = QuotaType(str(r["quota"]))
+        live, new, demand = r["live"], r["recommended"], r["demand"]
+        head = f"{r['entity']} {qt.value}: "
+        if live is None or live != live:
+            head += f"new, {_amount(qt, float(new))}"
+        elif new == live:
+            head += f"{_amount(qt, float(live))} kept"
+        else:
+            head += f"{_amount(qt, float(live))} -> {_amount(qt, float(new))}"
+        if demand is None or demand != demand:
+            lines.append(f"{head} ({r['basis']})")
+            continue
+        demand = float(demand)
+        if live is None or live != live:
+            why = f"its clients offered {_amount(qt, demand)}"
+        elif demand > float(live):
+            why = f"its clients offered {_amount(qt, demand)}, more than the live quota"
+        else:
+            why = (f"its clients offered {_amount(qt, demand)}, {demand / float(live):.0%} of "
+                   f"the live quota")
+        before_after = (held or {}).get((str(r["entity"]), qt.value))
+        if before_after is not None and (before_after[0] or before_after[1]):
+            why += (f"; throttled client-seconds {before_after[0]:,} recorded, "
+                    f"{before_after[1]:,} replayed under the recommendation")
+        lines.append(f"{head}: {why} ({r['basis']})")
+    return lines
 
 
 @dataclass
@@ -579,10 +615,12 @@ def retune(base: Mapping[str, Any], demand: pd.DataFrame, pairs: Iterable[tuple[
     new: dict[tuple[EntityKey, QuotaType], float] = {}
     tuned: set[tuple[EntityKey, QuotaType]] = set()
     basis: dict[tuple[EntityKey, QuotaType], tuple[int, float | None, str]] = {}
-    short = minutes < options.min_minutes
+    short = minutes < options.min_minutes or minutes <= 0
     if short:
         notes.append(f"capture too short: {minutes:g} whole minutes < min_minutes "
-                     f"({options.min_minutes:g}): kept live values")
+                     f"({options.min_minutes:g}): kept live values" if minutes > 0 else
+                     "capture too short: no whole minute (--span-seconds counts shorter "
+                     "spans): kept live values")
     for qt in QuotaType:
         quotas = settings.for_type(qt)
         mine = [b for b in budgets if b.qt is qt]
@@ -593,7 +631,10 @@ def retune(base: Mapping[str, Any], demand: pd.DataFrame, pairs: Iterable[tuple[
         for key, live in quotas.items():
             values[(key, qt)] = live
             governed = [b for b in mine if b.entity == key]
-            supported = [b for b in governed if b.minutes >= options.min_minutes]
+            # (a budget with no whole span of traffic has no demand to set a value from,
+            # whatever min_minutes allows)
+            supported = [b for b in governed if b.minutes >= options.min_minutes
+                         and b.minutes > 0]
             if short:
                 basis[(key, qt)] = (len(governed), None, "kept: capture too short")
                 continue
@@ -602,6 +643,9 @@ def retune(base: Mapping[str, Any], demand: pd.DataFrame, pairs: Iterable[tuple[
                 continue
             if not supported:
                 most = max(b.minutes for b in governed)
+                if most <= 0:
+                    basis[(key, qt)] = (len(governed), None, "kept: no whole span of traffic")
+                    continue
                 basis[(key, qt)] = (len(governed), None,
                                     f"kept: {most:g} whole minutes of data < "
                                     f"{options.min_minutes:g}")

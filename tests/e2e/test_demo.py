@@ -1,7 +1,9 @@
 """The demo (the README's first command) shows what the product is for, on the embedded broker:
-a per-user and a per-client-id quota held, a neighbour without quota unaffected, throttles, a
-hot reload half-way that the rates follow, the capture replayed and a config recommended at the
-end, and every acknowledged message consumed exactly once. It stops cleanly on Ctrl-C."""
+a per-user and a per-client-id quota held, a tenant far under her quota unaffected, throttles,
+a hot reload half-way that the rates follow, the capture replayed and the mis-sized producer
+quotas retuned at the end (budget moved from the tenant with headroom to the starved one, one
+line per entity saying why, fewer throttled client-seconds), and every acknowledged message
+consumed exactly once. It stops cleanly on Ctrl-C."""
 
 from __future__ import annotations
 
@@ -53,17 +55,32 @@ def test_demo_shows_quotas_a_reload_and_a_recommendation(tmp_path: Path) -> None
     # ... the rate follows the reload ...
     assert alice_after[1] == 2.0 and 1.5 <= alice_after[0] <= 2.5, alice_after
     assert ">>> config.yaml edited" in out
-    # ... with throttles shown live, and the neighbour without quota unaffected.
+    # ... with throttles shown live, and carol, far under her quota, unaffected.
     throttled = [int(row[-3]) for row in _ticks(out, "alice-loader") if row[-3].isdigit()]
     assert sum(throttled) > 0
-    assert carol[1] is None and carol[0] >= 1.4, carol
+    assert carol[1] == 3.0 and 0.8 <= carol[0] <= 1.2, carol
     # The capture replayed, a config recommended with the live config's entities, a report.
     assert "reproduction match" in out
     recommended = out_dir / "report" / "recommended-quotas.yaml"
     assert str(recommended) in out and (out_dir / "report" / "report.md").exists()
     entities = yaml.safe_load(recommended.read_text())["quotas"]["entities"]
     keys = {(e.get("user"), e.get("client-id")) for e in entities}
-    assert {("alice", None), (None, "demo-reader")} <= keys, entities
+    assert {("alice", None), (None, "demo-reader"), ("carol", None)} <= keys, entities
+    # The mis-sizing found: producer budget moves from carol (headroom) to alice (starved) at
+    # the same total, each entity saying why, with fewer throttled client-seconds.
+    producer = {e.get("user"): e["producer_byte_rate"] for e in entities
+                if "producer_byte_rate" in e}
+    assert producer["alice"] > 2_000_000 and producer["carol"] < 3_000_000, producer
+    assert producer["alice"] + producer["carol"] <= 5_000_000, producer
+    why = {line.split(":")[0].strip(): line for line in out.splitlines()
+           if line.startswith("  users/") or line.startswith("  clients/")}
+    assert "more than the live quota" in why["users/alice producer_byte_rate"], why
+    assert "of the live quota" in why["users/carol producer_byte_rate"], why
+    held = {m[1]: int(m[2]) for m in re.finditer(
+        r"^throttled client-seconds \((recorded|replayed, recommended config)\)\s*: (\d+)$",
+        out, re.M)}
+    assert held["recorded"] > 0 and held["replayed, recommended config"] < held["recorded"], held
+    assert "kafka-quota-proxy replay --capture" in out and "--span-seconds 10" in out
 
 
 def test_demo_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:

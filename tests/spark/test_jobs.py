@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
 from kafka_quota_proxy.quota.replay import Recorded, replay, settings_from_section
+from kafka_quota_proxy.spark_jobs.held import held_seconds
 from kafka_quota_proxy.spark_jobs.profile import entity_profile, per_interval
 from kafka_quota_proxy.spark_jobs.replay import (
     catalog_of,
@@ -99,10 +101,17 @@ def test_entity_totals(spark: SparkSession) -> None:
     summary = replay_summary(burst(spark), candidate=PRODUCE_1000, bucket_ms=10_000)
     assert list(throttle_histogram(summary).toPandas()["requests"]) == [2]
     assert match_rate(summary) == match_rate(replayed) == (10, 12)
+    # throttled client-seconds: the seconds the two holds touch, from each request's time
+    rows = burst(spark).select("seq", "quota_ms").toPandas().merge(
+        replayed.select("seq", "throttle_ms").toPandas(), on="seq")
+    held = int(held_seconds(np.zeros(len(rows), np.int64), rows["quota_ms"].to_numpy(),
+                            rows["throttle_ms"].to_numpy()).sum())
+    assert held >= 2
     expected = spark.createDataFrame(pd.DataFrame([{
         "user": "ANONYMOUS", "client_id": "c", "requests": 12, "throttled_requests": 2,
         "throttle_ms": int(throttled["throttle_ms"].sum()), "bytes_delayed": 2008,
-        "recorded_throttled_requests": 0, "recorded_throttle_ms": 0}]))
+        "recorded_throttled_requests": 0, "recorded_throttle_ms": 0,
+        "held_seconds": held, "recorded_held_seconds": 0}]))
     assertDataFrameEqual(entity_totals(summary), expected, checkRowOrder=False)
 
 

@@ -1,9 +1,9 @@
 """``replay --tune`` end to end (``spark_jobs.main.run``) on synthetic multi-tenant captures
 with known demand (``bench/synth_tenants.py``), recorded under a deliberately bad live config.
 
-Throttled client-seconds: the (user, client-id, second) triples in which at least one request
-of that client was held back, on any broker (``synth_tenants.throttled_client_seconds``, the
-quota engine over the capture's requests)."""
+Throttled client-seconds: per broker, the seconds in which each client was held back by a
+throttle, summed (``synth_tenants.throttled_client_seconds``, the quota engine over the
+capture's requests; what the report counts, ``spark_jobs.held``)."""
 
 from __future__ import annotations
 
@@ -171,6 +171,18 @@ def test_the_report_shows_the_yaml_the_rule_and_before_after(tuned: Tuned) -> No
     assert "users/<default> | producer_byte_rate | 1,000,000 |" in report  # live -> new
     before_after = pd.read_csv(tuned.out / "before_after.csv").set_index("client_id")
     assert before_after.loc["bob-app", "recorded_throttled_requests"] > 1000
+    # Throttled client-seconds, recorded and under the recommendation, per client and in
+    # total: the engine's own count over the capture, in the report and the run's facts.
+    bad = throttled_client_seconds(tuned.rows, BAD_LIVE)
+    good = throttled_client_seconds(tuned.rows, tuned.section)
+    assert int(before_after["recorded_held_seconds"].sum()) == bad
+    assert int(before_after["held_seconds"].sum()) == good
+    assert before_after.loc["bob-app", "recorded_held_seconds"] > 100
+    assert tuned.facts["throttled client-seconds (recorded)"] == bad
+    assert tuned.facts["throttled client-seconds (replayed, recommended config)"] == good
+    assert f"**Total throttled client-seconds**: recorded {bad:,}, replayed (recommended " \
+           f"config) {good:,}." in report
+    assert "| recorded: throttled client-s | replayed: throttled client-s |" in report
     assert before_after["throttled_requests"].sum() < before_after[
         "recorded_throttled_requests"].sum() / 2
     for png in ("rates.png", "throttles.png", "before_after.png"):

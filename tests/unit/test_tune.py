@@ -16,6 +16,7 @@ from kafka_quota_proxy.spark_jobs.tune import (
     TuneOptions,
     budget_demand,
     budget_mapping,
+    reasons,
     retune,
     sustained,
     whole_minutes,
@@ -250,3 +251,37 @@ def test_options_are_checked() -> None:
         TuneOptions(percentile=99)
     with pytest.raises(ValueError):
         TuneOptions(span_seconds=0)
+
+
+def test_no_whole_span_sets_no_value_whatever_min_minutes_allows() -> None:
+    """``--min-minutes 0`` on a capture with no whole span: no demand was measured, so nothing
+    is set from it (it read as zero demand and gave 1,024 B/s)."""
+    d = demand(("produce", "bob", "", 0.0, 0), ("produce", "alice", "clientA", 0.0, 0))
+    for minutes in (0, 10):
+        r = retune(BASE, d, USERS, TuneOptions(min_minutes=0), minutes=minutes)
+        assert r.section["entities"] == BASE["entities"], minutes
+    r = retune(BASE, d, USERS, TuneOptions(min_minutes=0), minutes=0)
+    assert any(n.startswith("capture too short: no whole minute") for n in r.notes)
+    r = retune(BASE, d, USERS, TuneOptions(min_minutes=0), minutes=10)
+    assert "kept: no whole span of traffic" in set(r.entities["basis"])
+
+
+def test_each_entity_gets_one_line_saying_why() -> None:
+    """A starved tenant and one with headroom at the same total: the budget moves, and each
+    line says what the clients offered against the live quota."""
+    base = {"entities": [{"user": "alice", "producer_byte_rate": 2_000_000},
+                         {"user": "carol", "producer_byte_rate": 3_000_000}]}
+    d = demand(("produce", "alice", "", 3_000_000), ("produce", "carol", "", 1_000_000))
+    r = retune(base, d, [("alice", "a"), ("carol", "c")], TuneOptions(), minutes=10)
+    got = keys_of(r.section)
+    alice = got[EntityKey("alice", None)]["producer_byte_rate"]
+    carol = got[EntityKey("carol", None)]["producer_byte_rate"]
+    assert alice > 3_000_000 > 1_000_000 < carol < 3_000_000
+    assert alice + carol <= 5_000_000
+    lines = reasons(r, {("users/alice", "producer_byte_rate"): (55, 0)})
+    assert lines == [
+        f"users/alice producer_byte_rate: 2.00 MB/s -> {alice / 1e6:.2f} MB/s: its clients "
+        "offered 3.00 MB/s, more than the live quota; throttled client-seconds 55 recorded, "
+        "0 replayed under the recommendation (1.5 x demand, x 0.83 (total))",
+        f"users/carol producer_byte_rate: 3.00 MB/s -> {carol / 1e6:.2f} MB/s: its clients "
+        "offered 1.00 MB/s, 33% of the live quota (1.5 x demand, x 0.83 (total))"]
