@@ -154,3 +154,13 @@ def test_tune_defaults_and_overrides_for_outliers() -> None:
     capped = recommend(pd.DataFrame(rows), TuneOptions(capacity_bytes={"produce": 500_000}))
     caps = {e["client-id"]: e.get("producer_byte_rate") for e in capped["entities"]}
     assert caps["whale"] + 20 * caps["<default>"] <= 500_000
+
+
+def test_a_quota_is_drawn_as_steps_at_each_generation() -> None:
+    """rates.png: the live quota as it was over time (a reload at 30 s: 1 -> 2 MB/s), to the
+    end of the plot; a generation before the plot starts holds from its start."""
+    from kafka_quota_proxy.spark_jobs.report import QuotaLine
+
+    line = QuotaLine("live", [(990.0, 1e6), (1030.0, 2e6), (1100.0, 3e6)])
+    assert line.steps(1000, 1060) == ([0.0, 30.0, 60.0], [1e6, 2e6, 2e6])
+    assert QuotaLine("x", [(0.0, 5.0)]).steps(1000, 1010) == ([0.0, 10.0], [5.0, 5.0])
