@@ -18,6 +18,7 @@ shape; the proxy's config loader validates it.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ from kafka_quota_proxy.quota.recording import record_request
 from kafka_quota_proxy.quota.request_time import RequestTimeModel
 
 EXPIRE_EVERY_MS = 60_000  # the proxy's idle-sensor expiry loop
+NEVER = 2**63
 
 
 def settings_from_section(section: Mapping[str, Any]) -> QuotaSettings:
@@ -144,15 +146,40 @@ Row = tuple[int, str, str, int, int, int, int, float, bool, int, float | None]
 Throttled = tuple[list[int], list[int], list[int]]
 
 
+def expiry_times(times: Sequence[int]) -> list[int]:
+    """When ``replay_rows`` runs the idle-sensor expiry over rows recorded at ``times`` (in
+    order): first at the first time at least ``EXPIRE_EVERY_MS`` after the first row's, then
+    at the first at least that long after the previous run, and so on."""
+    out: list[int] = []
+    if not len(times):
+        return out
+    due = times[0] + EXPIRE_EVERY_MS
+    i = 0
+    while True:
+        i = bisect_left(times, due, i)
+        if i >= len(times):
+            return out
+        at = int(times[i])
+        out.append(at)
+        due = at + EXPIRE_EVERY_MS
+
+
 def replay_rows(rows: Iterable[Row], settings: QuotaSettings | Callable[[int], QuotaSettings],
                 idle_expiry_ms: int = ONE_HOUR_MS, storage: StorageSettings | None = None,
-                results: Throttled | None = None) -> Throttled:
+                results: Throttled | None = None,
+                expire_at: Sequence[int] | None = None) -> Throttled:
     """The engine behind ``replay``, over plain tuples (quota_ms, user, client_id, api_key,
     request_bytes, response_bytes, duration_us, request_time_ms, follower, quota_generation,
     storage_scale) for speed: the produce, fetch and request throttles, one per row. A
     ``storage_scale`` that is None, NaN or negative means none was in force. ``results``:
     the three lists to append to (and return), so that a caller feeding ``rows`` lazily can
-    read each row's throttles before it hands over the next (``let_through``)."""
+    read each row's throttles before it hands over the next (``let_through``).
+
+    ``expire_at``: when to run the idle-sensor expiry (``expiry_times`` of every request of
+    the broker), for a caller that leaves out rows whose budgets cannot throttle
+    (``spark_jobs.replay``): each run happens before the first row given at or after its
+    time, so the budgets of the rows given meet the same expiries as in a replay of them
+    all. Default: the schedule of the rows given."""
     by_generation = settings if callable(settings) else None
     manager: QuotaManager | None = None
     generation = 0
@@ -170,6 +197,7 @@ def replay_rows(rows: Iterable[Row], settings: QuotaSettings | Callable[[int], Q
         request_on = bool(s.for_type(REQUEST))
 
     next_expiry = 0
+    schedule = iter(expire_at) if expire_at is not None else None
     scale: float | None = None
     for (now, user, cid, api_key, request_bytes, response_bytes, _duration_us, request_time,
          follower, gen, storage_scale) in rows:
@@ -183,7 +211,7 @@ def replay_rows(rows: Iterable[Row], settings: QuotaSettings | Callable[[int], Q
                 manager.exempt_users = storage.exempt_users
                 manager.exempt_client_ids = storage.exempt_client_ids
             configure(first)
-            next_expiry = now + EXPIRE_EVERY_MS
+            next_expiry = now + EXPIRE_EVERY_MS if schedule is None else next(schedule, NEVER)
         elif by_generation is not None and gen != generation:
             generation = gen
             new = by_generation(gen)
@@ -197,8 +225,13 @@ def replay_rows(rows: Iterable[Row], settings: QuotaSettings | Callable[[int], Q
                                  "were given")
             scale = manager.produce_scale = storage_scale
         if now >= next_expiry:
-            manager.expire(now)
-            next_expiry = now + EXPIRE_EVERY_MS
+            if schedule is None:
+                manager.expire(now)
+                next_expiry = now + EXPIRE_EVERY_MS
+            else:
+                while now >= next_expiry:
+                    manager.expire(next_expiry)
+                    next_expiry = next(schedule, NEVER)
         # (captures before schema v3 hold 0 where no request quota was on: the estimate)
         elapsed = (request_time if request_time > 0
                    else model.broker_ms(request_bytes, response_bytes))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, cast
 
 import numpy as np
@@ -21,10 +22,11 @@ import pandas as pd
 from pyspark.sql import Column, DataFrame, GroupedData
 from pyspark.sql import functions as F
 
-from kafka_quota_proxy.quota.entities import QuotaType, metric_tags, quota_limit
+from kafka_quota_proxy.quota.entities import QuotaType, metric_tags, quota_limit, resolve
 from kafka_quota_proxy.quota.manager import QuotaSettings, percent_of_thread
 from kafka_quota_proxy.quota.replay import (
     StorageSettings,
+    expiry_times,
     independent_by,
     let_through,
     replay_rows,
@@ -48,8 +50,8 @@ def _input(configs: list[QuotaSettings], storage: bool) -> list[Column]:
     return [bucket.cast("int").alias("bucket"), F.xxhash64("run").alias("run_id"),
             F.col("broker"), F.col("seq"), F.col("quota_ms"),
             F.xxhash64("user", "client_id").alias("entity"), F.col("api_key"),
-            F.col("request_bytes"), F.col("response_bytes"), F.col("duration_us"),
-            F.col("request_time_ms"), F.col("follower"), F.col("quota_generation"),
+            F.col("request_bytes"), F.col("response_bytes"), F.col("request_time_ms"),
+            F.col("follower"), F.col("quota_generation"),
             F.col("throttle_produce_ms"), F.col("throttle_fetch_ms"),
             F.col("throttle_request_ms"),
             F.coalesce(F.col("storage_scale"), F.lit(-1.0)).alias("storage_scale")]
@@ -105,7 +107,11 @@ def _run_engine(pdf: pd.DataFrame, candidate: QuotaSettings | None,
                 catalog: Names, storage: Mapping[str, StorageSettings],
                 ) -> tuple[pd.DataFrame, ...]:
     """Sort one (run, broker) group as the proxy recorded it and replay it: the sorted
-    group, and the produce, fetch and request throttles."""
+    group, and the produce, fetch and request throttles.
+
+    Only the requests of budgets that may throttle go through the engine (``_may_throttle``):
+    the others get 0, what the engine gives them, and the engine still runs its idle-sensor
+    expiry when a replay of every request would (``quota.replay.expiry_times``)."""
     pdf = pdf.sort_values(["quota_ms", "seq"], kind="stable")
     run = catalog.runs[int(pdf["run_id"].iloc[0])]
 
@@ -117,16 +123,106 @@ def _run_engine(pdf: pd.DataFrame, candidate: QuotaSettings | None,
 
     codes, uniques = pd.factorize(pdf["entity"])
     names = [catalog.entities[int(e)] for e in uniques]
-    users = [names[c][0] for c in codes]
-    client_ids = [names[c][1] for c in codes]
-    columns = [pdf[c].tolist() for c in (
-        "api_key", "request_bytes", "response_bytes", "duration_us", "request_time_ms",
-        "follower", "quota_generation", "storage_scale")]
-    produce, fetch, request = replay_rows(
-        zip(pdf["quota_ms"].tolist(), users, client_ids, *columns, strict=True),
-        candidate if candidate is not None else settings_of, storage=storage.get(run))
-    return (pdf, np.asarray(produce, dtype=np.int32), np.asarray(fetch, dtype=np.int32),
-            np.asarray(request, dtype=np.int32))
+    times = pdf["quota_ms"].to_numpy()
+    n = len(pdf)
+    one = _one_config(pdf, candidate, settings_of)
+    engine = (None if one is None else _may_throttle(pdf, codes, names, one))
+    if engine is None:  # every request
+        at: Any = slice(None)
+        expire_at = None
+    else:
+        at = np.flatnonzero(engine)
+        expire_at = expiry_times(times.tolist())
+    users = [names[c][0] for c in codes[at]]
+    client_ids = [names[c][1] for c in codes[at]]
+    columns = [pdf[c].to_numpy()[at].tolist() for c in (
+        "api_key", "request_bytes", "response_bytes")]
+    produce = np.zeros(n, dtype=np.int32)
+    fetch = np.zeros(n, dtype=np.int32)
+    request = np.zeros(n, dtype=np.int32)
+    m = len(users)
+    if m:
+        got = replay_rows(
+            zip(times[at].tolist(), users, client_ids, *columns, repeat(0, m),
+                *[pdf[c].to_numpy()[at].tolist() for c in (
+                    "request_time_ms", "follower", "quota_generation", "storage_scale")],
+                strict=True),
+            candidate if candidate is not None else settings_of, storage=storage.get(run),
+            expire_at=expire_at)
+        for out, values in zip((produce, fetch, request), got, strict=True):
+            out[at] = values
+    return pdf, produce, fetch, request
+
+
+def _one_config(pdf: pd.DataFrame, candidate: QuotaSettings | None,
+                settings_of: Callable[[int], QuotaSettings]) -> QuotaSettings | None:
+    """The config every request of the group is replayed under, when there is one (a
+    candidate, or the same config live in every generation of the group) and no storage
+    factor is in force: then which budgets can throttle is known before the replay."""
+    scale = pdf["storage_scale"].to_numpy(dtype=float)
+    if (scale >= 0).any():
+        return None
+    if candidate is not None:
+        return candidate
+    configs = [settings_of(int(g)) for g in pdf["quota_generation"].unique()]
+    return configs[0] if all(c == configs[0] for c in configs[1:]) else None
+
+
+def _may_throttle(pdf: pd.DataFrame, codes: np.ndarray, names: list[tuple[str, str]],
+                  settings: QuotaSettings) -> np.ndarray | None:
+    """Per request of one group (sorted as recorded) under one config: whether a budget it
+    records into may throttle. A budget cannot when, at each of its requests, everything it
+    recorded over the ``samples + 1`` windows before (the most its samples can hold) over
+    ``samples - 1`` windows (the shortest span its rate is measured over) is within its
+    quota: the engine gives every request of it 0. None: not known (one sample)."""
+    if settings.samples < 2:
+        return None
+    horizon = (settings.samples + 1) * settings.window_ms
+    per_second = 1000.0 / ((settings.samples - 1) * settings.window_ms)
+    times = pdf["quota_ms"].to_numpy().astype(np.int64)
+    span = int(times[-1] - times[0]) if len(times) else 0
+    if span + horizon >= 1 << 40:
+        return None
+    api_key = pdf["api_key"].to_numpy()
+    follower = pdf["follower"].to_numpy(dtype=bool)
+    request = pdf["request_bytes"].to_numpy().astype(np.float64)
+    response = pdf["response_bytes"].to_numpy().astype(np.float64)
+    model = settings.request_time
+    recorded = pdf["request_time_ms"].to_numpy(dtype=np.float64)
+    # what each quota type records of each request (``quota.recording``); the request
+    # quota's percentage of a thread from above (it rounds the time to whole nanoseconds)
+    elapsed = np.where(recorded > 0, recorded, (model.base_us + model.per_kib_us * (
+        request + np.maximum(response, 0.0)) / 1024.0) / 1000.0)
+    recording = {
+        QuotaType.PRODUCE: (api_key == 0, request - 4.0),
+        QuotaType.FETCH: ((api_key == 1) & ~follower, response - 4.0),
+        QuotaType.REQUEST: (~follower & (response >= 0), elapsed * 0.1 * (1 + 1e-9) + 1e-7),
+    }
+    engine = np.zeros(len(pdf), dtype=bool)
+    for qt, (mask, values) in recording.items():
+        quotas = settings.for_type(qt)
+        if not quotas or not mask.any():
+            continue
+        resolved = [resolve(quotas, qt, user, client_id) for user, client_id in names]
+        limits = np.asarray([np.inf if r.limit is None else r.limit for r in resolved])
+        budget_of, _ = pd.factorize(pd.Series([r.tags for r in resolved], dtype=object))
+        rows = np.flatnonzero(mask & np.isfinite(limits)[codes])
+        if not len(rows):
+            continue
+        budget = budget_of[codes[rows]]
+        order = np.argsort(budget, kind="stable")  # per budget, in the order recorded
+        rows, budget = rows[order], budget[order]
+        key = budget.astype(np.int64) * (1 << 40) + (times[rows] - times[0])
+        total = np.cumsum(np.maximum(values[rows], 0.0))
+        first = np.searchsorted(key, key - horizon, side="right")
+        window = total - np.where(first > 0, total[np.maximum(first - 1, 0)], 0.0)
+        starts = np.flatnonzero(np.r_[True, budget[1:] != budget[:-1]])
+        peak = np.maximum.reduceat(window, starts) * per_second
+        bounds = np.empty(int(budget_of.max()) + 1)
+        bounds[budget_of] = limits  # (the entities of one budget share its limit)
+        may = ~(peak <= bounds[budget[starts]] * (1 - 1e-9))
+        engine[rows[np.repeat(may, np.diff(np.r_[starts, len(rows)]))]] = True
+    return engine
 
 
 def _per_request(pdf: pd.DataFrame, candidate: QuotaSettings | None,
@@ -350,8 +446,9 @@ def _single_point_group(pdf: pd.DataFrame, settings: QuotaSettings | Callable[[i
                                "capture")
             generations[j] = code_of[key]
     rows = list(zip(pdf["aligned"].tolist(), users, client_ids,
-                    *[pdf[c].tolist() for c in ("api_key", "request_bytes", "response_bytes",
-                                                "duration_us", "request_time_ms", "follower")],
+                    *[pdf[c].tolist() for c in ("api_key", "request_bytes", "response_bytes")],
+                    repeat(0, len(pdf)),  # (duration_us: the engine does not read it)
+                    *[pdf[c].tolist() for c in ("request_time_ms", "follower")],
                     generations, pdf["storage_scale"].tolist(), strict=True))
     replayed = replay_rows(rows, settings, storage=storage)
     passed = np.asarray(let_through(

@@ -1,0 +1,130 @@
+"""The replay leaves out of the quota engine the requests of budgets that cannot throttle
+(``spark_jobs.replay._may_throttle``) and gives every request exactly the throttles a replay
+of all of them gives: budgets near, under and far over their quota, shared budgets, request
+quotas, idle gaps past the sensors' expiry, quota generations, several windows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kafka_quota_proxy.quota.manager import QuotaManager
+from kafka_quota_proxy.quota.replay import expiry_times, replay_rows, settings_from_section
+from kafka_quota_proxy.spark_jobs.replay import Names, _may_throttle, _run_engine
+
+RUN = "r-1"
+RUN_ID = 7
+
+
+def group(seed: int, n: int = 6000, gap_ms: int = 0) -> tuple[pd.DataFrame, Names]:
+    """One (run, broker) group: 12 clients of 3 users at rates from a tenth to twice
+    1,000 B/s (in bytes per request of about 100 B), produce and fetch, some acks=0 and
+    replica fetches, over about a minute, with an idle gap of ``gap_ms`` in the middle."""
+    rng = np.random.default_rng(seed)
+    clients = 12
+    rate = np.geomspace(0.1, 2.0, clients) * 1000 / 100  # requests/s
+    who = rng.choice(clients, n, p=rate / rate.sum())
+    t = np.sort(rng.uniform(0, n / rate.sum() * 1000, n)).astype(np.int64)
+    t[n // 2:] += gap_ms
+    api = np.where(who % 3 == 2, 1, 0).astype(np.int16)
+    size = rng.integers(20, 200, n)
+    entities = {1000 + c: (f"u{c % 3}", f"c{c}") for c in range(clients)}
+    pdf = pd.DataFrame({
+        "run_id": RUN_ID, "broker": 1, "bucket": 0, "seq": np.arange(1, n + 1),
+        "quota_ms": 5_000 + t, "entity": 1000 + who, "api_key": api,
+        "request_bytes": np.where(api == 0, size + 4, 60).astype(np.int32),
+        "response_bytes": np.where(api == 0, np.where(rng.random(n) < 0.05, -1, 50),
+                                   size + 4).astype(np.int32),
+        "request_time_ms": np.where(rng.random(n) < 0.5, rng.uniform(0.1, 30, n), 0.0),
+        "follower": (api == 1) & (rng.random(n) < 0.05),
+        "quota_generation": (t > t[n // 3]).astype(np.int32),
+        "throttle_produce_ms": 0, "throttle_fetch_ms": 0, "throttle_request_ms": 0,
+        "storage_scale": -1.0,
+    })
+    shuffled = pdf.sample(frac=1.0, random_state=seed)  # the engine's order is its own
+    return shuffled, Names({RUN_ID: RUN}, entities)
+
+
+def every_request(pdf: pd.DataFrame, names: Names,
+                  live: dict[tuple[str, int], Any]) -> list[np.ndarray]:
+    """The throttles of a replay of every request (the engine's own expiry schedule)."""
+    pdf = pdf.sort_values(["quota_ms", "seq"], kind="stable")
+    rows = zip(pdf["quota_ms"].tolist(),
+               [names.entities[e][0] for e in pdf["entity"]],
+               [names.entities[e][1] for e in pdf["entity"]],
+               *[pdf[c].tolist() for c in ("api_key", "request_bytes", "response_bytes")],
+               [0] * len(pdf),
+               *[pdf[c].tolist() for c in ("request_time_ms", "follower",
+                                           "quota_generation", "storage_scale")],
+               strict=True)
+    got = replay_rows(rows, lambda g: live[(RUN, g)])
+    return [np.asarray(x, dtype=np.int32) for x in got]
+
+
+CONFIGS = {
+    "client-ids": {"entities": [{"client-id": "<default>", "producer_byte_rate": 1000,
+                                 "consumer_byte_rate": 1000}]},
+    "users, few windows": {"window": {"samples": 3, "size_seconds": 1}, "entities": [
+        {"user": "<default>", "producer_byte_rate": 2500, "consumer_byte_rate": 1500},
+        {"user": "u1", "client-id": "c4", "producer_byte_rate": 300}]},
+    "request time": {"entities": [{"client-id": "<default>", "request_percentage": 2.0},
+                                  {"client-id": "c11", "producer_byte_rate": 900}]},
+    "capped": {"cap_byte_rate_throttle": True, "window": {"samples": 5, "size_seconds": 2},
+               "entities": [{"client-id": "<default>", "producer_byte_rate": 700}]},
+}
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+@pytest.mark.parametrize("gap_ms", [0, 3_700_000])
+def test_leaving_out_budgets_that_cannot_throttle_changes_no_throttle(
+        config: str, gap_ms: int) -> None:
+    section = CONFIGS[config]
+    settings = settings_from_section(section)
+    for seed in range(3):
+        pdf, names = group(seed, gap_ms=gap_ms)
+        expected = every_request(pdf, names, {(RUN, 0): settings, (RUN, 1): settings})
+        assert sum(int((x > 0).sum()) for x in expected) > 50  # some budgets throttle
+        ordered = pdf.sort_values(["quota_ms", "seq"], kind="stable")
+        codes, uniques = pd.factorize(ordered["entity"])
+        left = _may_throttle(ordered, codes, [names.entities[int(e)] for e in uniques],
+                             settings)
+        assert left is not None and 0 < left.sum() < len(left)  # some are left out
+        for candidate in (settings, None):  # a candidate, or the same config live twice
+            _, *got = _run_engine(pdf, candidate,
+                                  {(RUN, 0): settings, (RUN, 1): settings}, names, {})
+            for g, e in zip(got, expected, strict=True):
+                np.testing.assert_array_equal(g, e)
+
+
+def test_generations_with_different_configs_replay_every_request() -> None:
+    pdf, names = group(5)
+    live = {(RUN, 0): settings_from_section(CONFIGS["client-ids"]),
+            (RUN, 1): settings_from_section(CONFIGS["users, few windows"])}
+    _, *got = _run_engine(pdf, None, live, names, {})
+    for g, e in zip(got, every_request(pdf, names, live), strict=True):
+        np.testing.assert_array_equal(g, e)
+
+
+def test_the_idle_expiry_runs_when_a_replay_of_every_request_runs_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``expiry_times`` is the engine's own schedule, and a replay of some of the requests
+    given it runs each expiry, at its time, before the first of them at or after it."""
+    calls: list[int] = []
+    original = QuotaManager.expire
+
+    def expire(self: QuotaManager, now_ms: int) -> int:
+        calls.append(now_ms)
+        return original(self, now_ms)
+
+    monkeypatch.setattr(QuotaManager, "expire", expire)
+    settings = settings_from_section(CONFIGS["client-ids"])
+    times = [0, 10, 59_999, 60_000, 60_001, 130_000, 130_000, 190_000, 4_000_000, 4_000_001]
+    rows = [(t, "u", "c", 0, 104, 50, 0, 0.0, False, 0, None) for t in times]
+    replay_rows(rows, settings)
+    assert calls == expiry_times(times) == [60_000, 130_000, 190_000, 4_000_000]
+    calls.clear()
+    replay_rows([rows[i] for i in (1, 6, 9)], settings, expire_at=expiry_times(times))
+    assert calls == [60_000, 130_000, 190_000, 4_000_000]
