@@ -17,6 +17,7 @@ from kafka_quota_proxy.spark_jobs.tune import (
     KEYS,
     SEGMENT_COLUMNS,
     THROTTLES,
+    offered_load,
 )
 
 PERCENTILES = [0.5, 0.95, 0.99]
@@ -181,53 +182,35 @@ def demand_requests(captures: DataFrame, types: list[str]) -> DataFrame:
     return out
 
 
-def _traffic_ms(n: Column, first: Column, last: Column, min_ms: float) -> Column:
-    """``tune._traffic_ms``, in the same order of operations (so the same doubles)."""
-    span = F.when(n > 1, (last - first) * n / (n - 1)).otherwise(F.lit(0.0))
-    return F.greatest(span, F.lit(float(min_ms)))
+CLIENT_GROUPS = 8  # groups of connections per (run, broker): work for every core
+SEGMENTS = ("kind int, run_id long, broker int, connection long, entity long, segment long, "
+            "first_ms double, last_ms double, requests long, bytes double, "
+            "free_requests long, free_bytes double, rate double, free_rate double, "
+            "offered double")
 
 
 def offered_segments(requests: DataFrame, runs: DataFrame, entities: DataFrame,
                      idle_ms: float = 11_000.0, min_ms: float = 1000.0) -> DataFrame:
-    """``tune.offered_load`` in Spark, from ``demand_requests``: per client segment, the
+    """``tune.offered_load`` over Spark, from ``demand_requests``: per client segment, the
     offered load (``offered``), its free and overall rates, and its first and last request;
     ``runs`` and ``entities``: ``replay.Catalog.run_frame`` and ``entity_frame``, which give
-    the numbers their names back. Running window functions over each client's requests in the
-    order they were read: one shuffle and one sort of the requests (numbers only)."""
-    key = ["kind", "run_id", "broker", "connection", "entity"]
-    client = Window.partitionBy(*key).orderBy("read_ms", "seq")
-    preceding = client.rowsBetween(Window.unboundedPreceding, -1)
-    upto = client.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    end = F.col("resp_ms") + F.col("held_ms")
-    held = F.col("held_ms") > 0
-    marked = (requests
-              .withColumn("_before", F.max(end).over(preceding))
-              .withColumn("_held_before", F.max(F.when(held, end)).over(preceding))
-              .withColumn("_previous", F.lag("read_ms").over(client)))
-    read, before, held_before = F.col("read_ms"), F.col("_before"), F.col("_held_before")
-    starts = (before.isNull() | (read - before > idle_ms)
-              | (held_before.isNotNull() & (read - held_before > idle_ms)
-                 & (F.col("_previous") - held_before <= idle_ms)))
-    segmented = marked.withColumn("segment", F.sum(starts.cast("long")).over(upto))
-    # The first hold of the segment so far: the greatest (segment, -start) of the holds read
-    # up to this request, when its segment is this one (``tune.offered_load``'s hold_from).
-    first_hold = F.max(F.when(held, F.struct(F.col("segment"), -F.col("resp_ms")))).over(upto)
-    hold_from = F.when(first_hold["segment"] == F.col("segment"), -first_hold["col2"])
-    free = F.col("_hold_from").isNull() | (read < F.col("_hold_from"))
-    out = segmented.withColumn("_hold_from", hold_from).groupBy(*key, "segment").agg(
-        F.min("at_ms").alias("first_ms"), F.max("at_ms").alias("last_ms"),
-        F.count("*").alias("requests"), F.sum("value").alias("bytes"),
-        F.sum(free.cast("long")).alias("free_requests"),
-        F.sum(F.when(free, F.col("value")).otherwise(0.0)).alias("free_bytes"),
-        F.min(F.when(free, F.col("at_ms"))).alias("_free_first"),
-        F.max(F.when(free, F.col("at_ms"))).alias("_free_last"))
-    out = out.withColumn("rate", F.col("bytes") * 1000.0 / _traffic_ms(
-        F.col("requests"), F.col("first_ms"), F.col("last_ms"), min_ms)).withColumn(
-        "free_rate", F.col("free_bytes") * 1000.0 / _traffic_ms(
-            F.col("free_requests"), F.col("_free_first"), F.col("_free_last"), min_ms))
+    the numbers their names back. One shuffle of the requests (numbers only) into groups of
+    whole clients (per run, broker and group of connections), each estimated by
+    ``tune.offered_load`` itself in the Python workers, so the two cannot differ."""
+
+    def per_group(pdf: pd.DataFrame) -> pd.DataFrame:
+        # the client's names as numbers: tune groups by them and moves them through
+        rows = pdf.rename(columns={"kind": "quota_type", "run_id": "run", "entity": "user"})
+        rows["client_id"] = 0
+        out = offered_load(rows.drop(columns="group"), idle_ms, min_ms)
+        return out.drop(columns="client_id").rename(
+            columns={"quota_type": "kind", "run": "run_id", "user": "entity"})
+
+    group = F.pmod(F.col("connection"), F.lit(CLIENT_GROUPS)).alias("group")
+    out = requests.select("*", group).groupBy("run_id", "broker", "group").applyInPandas(
+        per_group, SEGMENTS)
     kinds = F.array(*[F.lit(t) for t in QUOTA_TYPES])
-    return (out.withColumn("offered", F.greatest("rate", "free_rate"))
-            .withColumn("quota_type", kinds[F.col("kind")])
+    return (out.withColumn("quota_type", kinds[F.col("kind")])
             .join(F.broadcast(runs), "run_id").join(F.broadcast(entities), "entity")
             .select(*SEGMENT_COLUMNS))
 
