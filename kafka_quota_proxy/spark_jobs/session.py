@@ -22,6 +22,9 @@ def spark_session(master: str | None = None, app: str = "kafka-quota-proxy") -> 
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", os.environ.get("KQP_SPARK_DRIVER_MEMORY", "4g"))
     )
+    if os.environ.get("KQP_SPARK_EXECUTOR_MEMORY"):  # (a cluster's executors: 1g by default)
+        builder = builder.config("spark.executor.memory",
+                                 os.environ["KQP_SPARK_EXECUTOR_MEMORY"])
     if master:
         builder = builder.master(master)
     elif "spark.master" not in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
