@@ -80,7 +80,19 @@ def test_demo_shows_quotas_a_reload_and_a_recommendation(tmp_path: Path) -> None
         r"^throttled client-seconds \((recorded|replayed, recommended config)\)\s*: (\d+)$",
         out, re.M)}
     assert held["recorded"] > 0 and held["replayed, recommended config"] < held["recorded"], held
-    assert "kafka-quota-proxy replay --capture" in out and "--span-seconds 10" in out
+    # The command the demo prints tunes the same short capture from the command line to the
+    # same recommendation.
+    command = next(line.split(": ", 1)[1] for line in out.splitlines()
+                   if line.startswith("the same from the command line: "))
+    assert "--span-seconds 10" in command
+    args = command.split()[1:]
+    args[args.index("--out") + 1] = str(tmp_path / "cli-report")
+    cli = subprocess.run([sys.executable, "-m", "kafka_quota_proxy", *args, "--master",
+                          "local[2]"], capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    from_cli = yaml.safe_load((tmp_path / "cli-report" / "recommended-quotas.yaml").read_text())
+    assert from_cli["quotas"]["entities"] == entities
+    assert "users/alice producer_byte_rate: 2.00 MB/s ->" in cli.stdout
 
 
 def test_demo_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
