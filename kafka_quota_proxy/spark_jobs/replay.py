@@ -386,18 +386,25 @@ def throttle_histogram(summary: DataFrame) -> DataFrame:
 
 def process_spans(captures: DataFrame) -> pd.DataFrame:
     """Per process (``process``, ``instance``, ``run``; capture schema v4, defaulted for older
-    captures by ``capture.with_processes``): requests, the first and last ``ts_ms``, and the
-    offset of its quota clock from the wall clock, the median of ``ts_ms - quota_ms`` over its
-    rows (``ts_ms`` is when the request was read, ``quota_ms`` when it was recorded: the
-    median takes the usual gap between the two with it, the same for every process)."""
-    rows = captures.groupBy("process", "instance", "run").agg(
+    captures by ``capture.with_processes``): requests, the first and last ``ts_ms``, and, when
+    processes ran at the same time (``overlapping``), the offset of its quota clock from the
+    wall clock, the median of ``ts_ms - quota_ms`` over its rows (``ts_ms`` is when the
+    request was read, ``quota_ms`` when it was recorded: the median takes the usual gap
+    between the two with it, the same for every process); otherwise NaN (a capture of one
+    process at a time is never put on one clock, and the median is a pass of its own)."""
+    keys = ["process", "instance", "run"]
+    rows = captures.groupBy(*keys).agg(
         F.count("*").alias("requests"), F.min("ts_ms").alias("first_ms"),
-        F.max("ts_ms").alias("last_ms"),
-        F.percentile_approx(F.col("ts_ms") - F.col("quota_ms"), 0.5, 10_000).alias(
-            "offset_ms")).collect()
+        F.max("ts_ms").alias("last_ms")).collect()
     out = pd.DataFrame([r.asDict() for r in rows],
-                       columns=["process", "instance", "run", "requests", "first_ms",
-                                "last_ms", "offset_ms"])
+                       columns=[*keys, "requests", "first_ms", "last_ms"])
+    out["offset_ms"] = np.nan
+    if overlapping(out):
+        offsets = captures.groupBy(*keys).agg(F.percentile_approx(
+            F.col("ts_ms") - F.col("quota_ms"), 0.5, 10_000).alias("offset_ms")).collect()
+        out = out.drop(columns="offset_ms").merge(
+            pd.DataFrame([r.asDict() for r in offsets], columns=[*keys, "offset_ms"]),
+            on=keys)
     return out.sort_values(["first_ms", "process"]).reset_index(drop=True)
 
 
