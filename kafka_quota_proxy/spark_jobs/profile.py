@@ -206,8 +206,9 @@ def offered_segments(requests: DataFrame, runs: DataFrame, entities: DataFrame,
         return out.drop(columns="client_id").rename(
             columns={"quota_type": "kind", "run": "run_id", "user": "entity"})
 
-    group = F.pmod(F.col("connection"), F.lit(CLIENT_GROUPS)).alias("group")
-    out = requests.select("*", group).groupBy("run_id", "broker", "group").applyInPandas(
+    # one long key per group (Spark then sorts the rows into groups with a radix sort)
+    group = F.xxhash64("run_id", "broker", F.pmod(F.col("connection"), F.lit(CLIENT_GROUPS)))
+    out = requests.select("*", group.alias("group")).groupBy("group").applyInPandas(
         per_group, SEGMENTS)
     kinds = F.array(*[F.lit(t) for t in QUOTA_TYPES])
     return (out.withColumn("quota_type", kinds[F.col("kind")])

@@ -293,7 +293,23 @@ def _grouped(captures: DataFrame, cand: QuotaSettings | None,
     configs = [cand] if cand is not None else list(live.values())
     if "storage_scale" not in captures.columns:  # capture schema v1
         captures = captures.withColumn("storage_scale", F.lit(None).cast("double"))
-    return captures.select(*_input(configs, storage)).groupBy("run_id", "broker", "bucket")
+    columns = _input(configs, storage)
+    # One long key per group: Spark sorts the rows into groups by it with a radix sort (by
+    # run, broker and bucket, keys that are equal for most rows, it compares rows one by
+    # one); groups whose keys collide arrive together and are split again (``_each_group``).
+    key = F.xxhash64("run_id", "broker", "bucket").alias("group")
+    return captures.select(*columns).select("*", key).groupBy("group")
+
+
+def _each_group(pdf: pd.DataFrame, replay: Callable[[pd.DataFrame], pd.DataFrame],
+                ) -> pd.DataFrame:
+    """``replay`` of each (run, broker, bucket) in ``pdf`` (one, but for a key collision)."""
+    pdf = pdf.drop(columns="group")
+    keys = ["run_id", "broker", "bucket"]
+    if len(pdf) and pdf[keys].nunique().max() > 1:
+        return pd.concat([replay(g) for _, g in pdf.groupby(keys, sort=False)],
+                         ignore_index=True)
+    return replay(pdf)
 
 
 def _storage(storage: Mapping[str, Mapping[str, Any]] | None) -> dict[str, StorageSettings]:
@@ -316,7 +332,7 @@ def replay_capture(captures: DataFrame, candidate: Mapping[str, Any] | None = No
     st = _storage(storage)
 
     def per_group(pdf: pd.DataFrame) -> pd.DataFrame:
-        return _per_request(pdf, cand, live_settings, names, st)
+        return _each_group(pdf, lambda g: _per_request(g, cand, live_settings, names, st))
 
     replayed = _grouped(captures, cand, live_settings, bool(st)).applyInPandas(
         per_group, SCHEMA)
@@ -339,7 +355,8 @@ def replay_summary(captures: DataFrame, candidate: Mapping[str, Any] | None = No
     st = _storage(storage)
 
     def per_group(pdf: pd.DataFrame) -> pd.DataFrame:
-        return _summary(pdf, cand, live_settings, names, st, bucket_ms)
+        return _each_group(
+            pdf, lambda g: _summary(g, cand, live_settings, names, st, bucket_ms))
 
     summary = _grouped(captures, cand, live_settings, bool(st)).applyInPandas(
         per_group, SUMMARY)
