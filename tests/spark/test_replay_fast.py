@@ -13,7 +13,7 @@ import pytest
 
 from kafka_quota_proxy.quota.manager import QuotaManager
 from kafka_quota_proxy.quota.replay import expiry_times, replay_rows, settings_from_section
-from kafka_quota_proxy.spark_jobs.replay import Names, _may_throttle, _run_engine
+from kafka_quota_proxy.spark_jobs.replay import Names, _each_group, _may_throttle, _run_engine
 
 RUN = "r-1"
 RUN_ID = 7
@@ -128,3 +128,23 @@ def test_the_idle_expiry_runs_when_a_replay_of_every_request_runs_it(
     calls.clear()
     replay_rows([rows[i] for i in (1, 6, 9)], settings, expire_at=expiry_times(times))
     assert calls == [60_000, 130_000, 190_000, 4_000_000]
+
+
+def test_groups_whose_keys_collide_are_replayed_apart() -> None:
+    """Two (run, broker) groups that arrive under one key (a hash collision) are replayed
+    each on its own: each gets what it gets alone."""
+    a, names = group(1, n=500)
+    b, _ = group(2, n=500)
+    b = b.assign(broker=2, seq=b["seq"] + 10_000)
+    both = pd.concat([a, b]).assign(group=42)
+    settings = settings_from_section(CONFIGS["client-ids"])
+
+    def one(pdf: pd.DataFrame) -> pd.DataFrame:
+        _, p, f, q = _run_engine(pdf, settings, {}, names, {})
+        return pd.DataFrame({"seq": pdf.sort_values(["quota_ms", "seq"])["seq"].to_numpy(),
+                             "p": p, "f": f, "q": q})
+
+    got = _each_group(both, one).sort_values("seq").reset_index(drop=True)
+    alone = pd.concat([one(a), one(b)]).sort_values("seq").reset_index(drop=True)
+    pd.testing.assert_frame_equal(got, alone)
+    assert got["p"].gt(0).any()
