@@ -15,7 +15,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -255,6 +255,42 @@ class ProfileResult:
     samples: int
     idle_samples: int                    # waiting in epoll: the proxy had nothing to do
     top_own: list[tuple[str, int]]       # (function (file), own samples), most first
+    waiting_samples: int = 0             # other threads blocked on a lock, a queue or the GIL
+    # busy samples by part (a stack counts for every part it passes through): PROFILE_PARTS
+    parts: dict[str, int] = field(default_factory=dict)
+
+
+# The parts of the proxy a busy sample may pass through (a regular expression on its frames),
+# and the system calls that move bytes (the leaf frame).
+PROFILE_PARTS = {
+    "quotas": re.compile(r"kafka_quota_proxy/(quota/|proxy/features/quotas/)"),
+    "capture": re.compile(r"kafka_quota_proxy/proxy/features/capture/"),
+    "fetch routing": re.compile(r"kafka_quota_proxy/(routing/|proxy/features/fetch_routing/)"),
+    "protocol": re.compile(r"kafka_quota_proxy/protocol/"),
+}
+SYSCALL_LEAF = re.compile(r"^(read|readv|write|writev|recv|recvfrom|recvmsg|send|sendto|"
+                          r"sendmsg|splice|__libc_\w+) \(")
+
+
+def busy_parts(raw_text: str) -> dict[str, int]:
+    """Busy samples (neither idle in epoll nor blocked) of a py-spy raw profile that pass
+    through each of ``PROFILE_PARTS``, and (``syscalls``) those whose leaf is a system call
+    that reads or writes."""
+    parts: Counter[str] = Counter()
+    for line in raw_text.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames = [_LINE_NO.sub(")", f) for f in stack.split(";")]
+        if _IDLE.match(frames[-1]) or _blocked(frames):
+            continue
+        n = int(count)
+        for name, pattern in PROFILE_PARTS.items():
+            if any(pattern.search(f) for f in frames):
+                parts[name] += n
+        if SYSCALL_LEAF.match(frames[-1]):
+            parts["syscalls (read/write)"] += n
+    return dict(parts)
 
 
 def pyspy_record(pyspy: str, pid: int, out: Path, fmt: str, native: bool, duration_s: int,
@@ -282,25 +318,46 @@ def pyspy_record(pyspy: str, pid: int, out: Path, fmt: str, native: bool, durati
 _LINE_NO = re.compile(r":\d+\)$")
 _UNRESOLVED = re.compile(r"^0x[0-9a-f]+ \((.+)\)$")
 _IDLE = re.compile(r"^(epoll_wait|epoll_pwait2?|poll|ppoll|select|pselect6?) \(")
+# A thread asleep in the interpreter (a lock, a Queue.get, time.sleep, waiting for the GIL):
+# with --native py-spy samples it like a running one, its leaf an unresolved libc frame.
+_BLOCKED = re.compile(r"^(PyThread_acquire_lock_timed|take_gil|pysleep|PyCOND_TIMEDWAIT) \(")
+_NATIVE_LIBC = re.compile(r"^(0x[0-9a-f]+ \(libc[.-]|(syscall|futex_\w+|__futex\w*|"
+                          r"pthread_cond_\w+|__pthread_cond\w*|clock_nanosleep|nanosleep) \()")
 
 
-def own_time_from_raw(raw_text: str, top: int = 20) -> tuple[int, int, list[tuple[str, int]]]:
+def _blocked(frames: list[str]) -> bool:
+    """Whether the stack ends in a blocking interpreter call and libc frames below it."""
+    for frame in reversed(frames):
+        if _BLOCKED.match(frame):
+            return True
+        if not _NATIVE_LIBC.match(frame):
+            return False
+    return False
+
+
+def own_time_from_raw(raw_text: str,
+                      top: int = 20) -> tuple[int, int, int, list[tuple[str, int]]]:
     """py-spy raw output is collapsed stacks ``f1;f2;...;fn count``: fn has the own time.
-    Returns (samples, idle samples, top leaf frames of the busy samples)."""
+    Returns (samples, idle samples (epoll), waiting samples (a thread blocked on a lock, a
+    queue or the GIL), top leaf frames of the busy samples)."""
     own: Counter[str] = Counter()
-    total = idle = 0
+    total = idle = waiting = 0
     for line in raw_text.splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
         n = int(count)
         total += n
-        leaf = _LINE_NO.sub(")", stack.rsplit(";", 1)[-1])
+        frames = [_LINE_NO.sub(")", f) for f in stack.split(";")]
+        leaf = frames[-1]
         if _IDLE.match(leaf):
             idle += n
             continue
+        if _blocked(frames):
+            waiting += n
+            continue
         own[_UNRESOLVED.sub(r"<unresolved> (\1)", leaf)] += n
-    return total, idle, own.most_common(top)
+    return total, idle, waiting, own.most_common(top)
 
 
 def percentile(values: list[float], q: float) -> float:

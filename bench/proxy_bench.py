@@ -8,6 +8,11 @@ figures on a shared machine drift by up to ~25 % between runs: only the ratios t
 measured in one run mean anything. The reported figure is the median over the measured rounds.
 
     python bench/proxy_bench.py [--rounds N] [--messages M] [--quick] [--profile]
+                                [--features none|all]
+
+``--features all`` runs this proxy with every feature on that does not change the bytes (quotas
+configured but not binding, capture, fetch routing with a rack rule that matches no client);
+``none`` (the default) runs it bare. See ``feature_config``.
 
 Importable: ``run_benchmark(Settings(...))`` returns a ``BenchResult``; ``format_report`` turns
 it into the printed table.
@@ -49,6 +54,7 @@ from harness import (
     ProfileResult,
     Watchdog,
     WorkloadError,
+    busy_parts,
     own_time_from_raw,
     percentile,
     pick_port_range,
@@ -66,6 +72,17 @@ DIRECT, PROXY, TANSU_PROXY = "direct", "proxy", "tansu-proxy"
 PATHS = (DIRECT, PROXY, TANSU_PROXY)
 TARGET_RATIO = 0.85
 
+FEATURES_NONE, FEATURES_ALL = "none", "all"
+FEATURE_SETS = (FEATURES_NONE, FEATURES_ALL)
+NOT_BINDING_BYTE_RATE = 100 * 1024**3       # 100 GiB/s: far above what any machine here moves
+NOT_BINDING_REQUEST_PERCENTAGE = 1_000_000  # % of one thread: 10,000 cores' worth
+FEATURES_DESCRIPTION = {
+    FEATURES_NONE: "none (no quotas, no capture, no fetch routing)",
+    FEATURES_ALL: "all that leave the bytes unchanged (clients/<default> quotas not binding, "
+                  "capture rotated every 10 s, rack-aware fetch routing whose one rack rule "
+                  "matches no client)",
+}
+
 
 # ---------------------------------------------------------------------------- settings
 
@@ -81,6 +98,7 @@ class Settings:
     latency_warmup_messages: int = 50
     profile: bool = False
     quick: bool = False
+    features: str = FEATURES_NONE          # FEATURE_SETS: what the proxy has on (feature_config)
 
     @classmethod
     def quick_mode(cls, **overrides: Any) -> Settings:
@@ -115,8 +133,56 @@ class Endpoint:
             self.middlebox.check_alive()
 
 
-def start_environment(stack: contextlib.ExitStack, workdir: Path) -> dict[str, Endpoint]:
-    """Start tansu, this proxy and tansu's proxy; everything is stopped when ``stack`` closes."""
+def feature_config(features: str, workdir: Path) -> dict[str, Any]:
+    """The proxy's config sections for a feature set of ``FEATURE_SETS``.
+
+    ``none``: none (a bare proxy). ``all``: every feature that does not change the bytes a
+    client sends or receives, so that the proxy does all its per-request work while the
+    clients see what a bare proxy gives them:
+
+    - quotas: a ``clients/<default>`` producer and consumer byte rate of 100 GiB/s and a
+      request percentage of 1,000,000 % (10,000 cores), so every client has a budget that is
+      reserved, checked and recorded on every request and never throttles;
+    - capture: into ``workdir/capture``, rotated every 10 s or 8 MB (a run writes several files);
+    - fetch routing: ``rack-aware``, its one client rule a client-id nothing uses; no proxy
+      rack. The bench's clients send no ``client.rack``, so every consumer fetch is parsed and
+      decided (rack unknown: the leader) and nothing is redirected.
+    """
+    if features == FEATURES_NONE:
+        return {}
+    if features != FEATURES_ALL:
+        raise ValueError(f"features: expected one of {FEATURE_SETS}, got {features!r}")
+    return {
+        "quotas": {"entities": [{
+            "client-id": "<default>",
+            "producer_byte_rate": NOT_BINDING_BYTE_RATE,
+            "consumer_byte_rate": NOT_BINDING_BYTE_RATE,
+            "request_percentage": NOT_BINDING_REQUEST_PERCENTAGE,
+        }]},
+        "capture": {"dir": str(workdir / "capture"), "rotate_mb": 8, "rotate_seconds": 10},
+        "racks": {"selector": "rack-aware",
+                  "clients": [{"client_id": "^no-such-client-", "rack": "no-such-rack"}]},
+    }
+
+
+def capture_summary(config: dict[str, Any]) -> dict[str, int] | None:
+    """Files, records and bytes in the capture directory of ``config``, if it captures."""
+    capture = config.get("capture")
+    if not capture:
+        return None
+    import pyarrow.parquet as pq
+
+    files = [f for f in Path(capture["dir"]).glob("*") if f.is_file()]
+    parquet = [f for f in files if f.suffix == ".parquet"]
+    return {"files": len(files), "parquet_files": len(parquet),
+            "records": sum(pq.read_metadata(f).num_rows for f in parquet),
+            "bytes": sum(f.stat().st_size for f in files)}
+
+
+def start_environment(stack: contextlib.ExitStack, workdir: Path,
+                      features: str = FEATURES_NONE) -> dict[str, Endpoint]:
+    """Start tansu, this proxy (with ``features``, see ``feature_config``) and tansu's proxy;
+    everything is stopped when ``stack`` closes."""
     broker = TansuBroker(log_path=str(workdir / "tansu-broker.log"))
     stack.callback(broker.stop)
     broker.start()
@@ -128,6 +194,7 @@ def start_environment(stack: contextlib.ExitStack, workdir: Path) -> dict[str, E
                       "broker_ports": f"{low}-{high}"},
         "upstream": {"bootstrap_servers": [broker.bootstrap]},
         "logging": {"level": "warning"},
+        **feature_config(features, workdir),
     }
     config_path = workdir / "proxy.yaml"
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -333,7 +400,9 @@ class BenchResult:
     rounds: list[RoundResult] = field(default_factory=list)
     latency: list[LatencyResult] = field(default_factory=list)
     latency_errors: dict[str, str] = field(default_factory=dict)
-    profile: ProfileResult | None = None
+    profiles: dict[str, ProfileResult] = field(default_factory=dict)  # produce, fetch
+    proxy_features: dict[str, Any] = field(default_factory=dict)  # the config sections of them
+    capture: dict[str, int] | None = None   # what the capture wrote, when it was on
     started_at: str = ""
     duration_s: float = 0.0
     loadavg_at_end: tuple[float, float, float] | None = None
@@ -401,33 +470,69 @@ def run_latency(endpoints: dict[str, Endpoint],
 
 
 def run_profile(endpoint: Endpoint, settings: Settings, stamp: str,
-                workdir: Path) -> ProfileResult | None:
-    """Extra, unscored proxy produce+fetch rounds under py-spy: one for the SVG flame graph,
-    one for raw stacks to rank functions by own time."""
+                workdir: Path) -> dict[str, ProfileResult]:
+    """Extra, unscored proxy rounds under py-spy: one produce+fetch round for the SVG flame
+    graph, then a produce and a fetch of one more topic, each recorded on its own as raw
+    stacks to rank functions by own time. Returns the profiles by workload."""
     pyspy = shutil.which("py-spy") or shutil.which("py-spy", path=str(Path(sys.executable).parent))
     if pyspy is None or endpoint.middlebox is None:
         print("  --profile: py-spy not found (pip install py-spy); skipping the profile")
-        return None
+        return {}
     pid = endpoint.middlebox.pid
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     svg = RESULTS_DIR / f"profile-{stamp}.svg"
-    raw = RESULTS_DIR / f"profile-{stamp}.txt"
     duration = 60 + int(4 * settings.messages * settings.message_bytes / (20 * MB))
 
-    def workload() -> None:
+    def both() -> None:
         result = run_throughput_round(endpoint, -1, 0, settings)
         print(f"  profile      {endpoint.name:<12} {_round_cell(result)}", flush=True)
 
     native = True
-    got_svg = pyspy_record(pyspy, pid, svg, "flamegraph", native, duration, workload, workdir)
+    got_svg = pyspy_record(pyspy, pid, svg, "flamegraph", native, duration, both, workdir)
     if not got_svg:                       # --native needs ptrace and unwinding support
         native = False
-        got_svg = pyspy_record(pyspy, pid, svg, "flamegraph", native, duration, workload,
-                                workdir)
-    got_raw = pyspy_record(pyspy, pid, raw, "raw", native, duration, workload, workdir)
-    total, idle, top = own_time_from_raw(raw.read_text()) if got_raw else (0, 0, [])
-    return ProfileResult(str(svg) if got_svg else None, str(raw) if got_raw else None,
-                         native, total, idle, top)
+        got_svg = pyspy_record(pyspy, pid, svg, "flamegraph", native, duration, both, workdir)
+
+    topic = f"bench-profile-{uuid.uuid4().hex[:8]}"
+    cpu, log = CpuMeter(pid), ClientLog()
+    measured: dict[str, Measurement] = {}
+
+    def one(kind: str) -> Callable[[], None]:
+        def workload() -> None:
+            try:
+                if kind == "produce":
+                    m = produce_workload(endpoint.bootstrap, topic, settings.messages,
+                                         settings.message_bytes, cpu, log)
+                else:
+                    m = fetch_workload(endpoint.bootstrap, topic, settings.messages, cpu, log)
+            except WORKLOAD_FAILURES as exc:
+                print(f"  profile      {kind}: ERROR {type(exc).__name__}: {exc}", flush=True)
+                return
+            measured[kind] = m
+            print(f"  profile      {endpoint.name:<12} {kind} {m.mb_per_s:7.1f} MB/s in "
+                  f"{m.seconds:5.2f}s  (proxy cpu {_fmt(m.middlebox_cpu_s, '.2f')}s, "
+                  f"{_fmt(m.middlebox_cpu_s_per_gb, '.2f')} s/GB)", flush=True)
+        return workload
+
+    profiles: dict[str, ProfileResult] = {}
+    try:
+        create_topic(endpoint, topic)
+        for kind in ("produce", "fetch"):
+            if kind == "fetch" and "produce" not in measured:
+                break                      # nothing to read
+            raw = RESULTS_DIR / f"profile-{stamp}-{kind}.txt"
+            got_raw = pyspy_record(pyspy, pid, raw, "raw", native, duration, one(kind), workdir)
+            text = raw.read_text() if got_raw else ""
+            total, idle, waiting, top = own_time_from_raw(text)
+            profiles[kind] = ProfileResult(str(svg) if got_svg else None,
+                                           str(raw) if got_raw else None, native, total, idle,
+                                           top, waiting, busy_parts(text))
+    except WORKLOAD_FAILURES as exc:
+        print(f"  profile: ERROR {type(exc).__name__}: {exc}", flush=True)
+    finally:
+        delete_topic(endpoint, topic)
+    endpoint.check_alive()
+    return profiles
 
 
 def describe_environment() -> dict[str, Any]:
@@ -456,12 +561,15 @@ def run_benchmark(settings: Settings, stamp: str | None = None) -> BenchResult:
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="proxy-bench-")))
-        endpoints = start_environment(stack, workdir)
+        endpoints = start_environment(stack, workdir, settings.features)
         pids = {name: ep.middlebox.pid for name, ep in endpoints.items() if ep.middlebox}
-        result = BenchResult(settings, describe_environment(), pids, started_at=stamp)
+        features = feature_config(settings.features, workdir)
+        result = BenchResult(settings, describe_environment(), pids, started_at=stamp,
+                             proxy_features=features)
         print(f"tansu {endpoints[DIRECT].bootstrap} | proxy {endpoints[PROXY].bootstrap} "
               f"(pid {pids[PROXY]}) | tansu-proxy {endpoints[TANSU_PROXY].bootstrap} "
               f"(pid {pids[TANSU_PROXY]})", flush=True)
+        print(f"proxy features: {FEATURES_DESCRIPTION[settings.features]}", flush=True)
 
         foreign, measuring_since = ForeignCpu(), time.monotonic()
         for round_no in range(settings.rounds + 1):
@@ -475,7 +583,12 @@ def run_benchmark(settings: Settings, stamp: str | None = None) -> BenchResult:
         result.measured_s = time.monotonic() - measuring_since
         result.foreign_cpu_s = foreign.seconds()
         if settings.profile:
-            result.profile = run_profile(endpoints[PROXY], settings, stamp, workdir)
+            result.profiles = run_profile(endpoints[PROXY], settings, stamp, workdir)
+        ours = endpoints[PROXY].middlebox
+        if "capture" in features and ours is not None:
+            endpoints[PROXY].close_admin()
+            ours.stop()                        # the capture closes its last file
+            result.capture = capture_summary(features)
     result.duration_s = time.monotonic() - started
     result.loadavg_at_end = os.getloadavg()
     return result
@@ -578,6 +691,7 @@ def format_report(result: BenchResult) -> str:
         f"kafka-quota-proxy benchmark ({'quick, ' if s.quick else ''}1 warm-up + {s.rounds} "
         f"rounds, {s.messages} x {s.message_bytes} B per workload, 1 partition, acks=1, "
         f"linger.ms=5, batch.size=1MB; MB = 10^6 B; {result.environment['cpus']} CPUs)",
+        f"proxy features: {FEATURES_DESCRIPTION.get(s.features, s.features)}",
         "",
         "throughput: median over rounds; ratio = median of the per-round ratios to direct",
         f"  {'path':<12} {'produce MB/s':>12} {'fetch MB/s':>11} {'produce/direct':>15} "
@@ -629,17 +743,28 @@ def format_report(result: BenchResult) -> str:
             lines.append(f"  {p.path:<12} {_fmt(p.produce_cpu_s_per_gb, '.2f'):>13} "
                          f"{_fmt(p.fetch_cpu_s_per_gb, '.2f'):>11}")
 
-    if result.profile is not None:
-        prof = result.profile
-        busy = max(prof.samples - prof.idle_samples, 1)
-        lines += ["", f"py-spy profile of the proxy (extra unscored rounds, "
+    if result.capture is not None:
+        c = result.capture
+        lines.append(f"  capture wrote {c['records']} records in {c['parquet_files']} Parquet "
+                     f"file(s) ({c['files']} files, {c['bytes'] / MB:.2f} MB)")
+
+    for kind, prof in result.profiles.items():
+        busy = max(prof.samples - prof.idle_samples - prof.waiting_samples, 1)
+        lines += ["", f"py-spy profile of the proxy, {kind} (extra unscored round, "
                       f"{'with' if prof.native else 'without'} native frames): {prof.samples} "
-                      f"samples, {100 * prof.idle_samples / max(prof.samples, 1):.0f}% idle in "
-                      "epoll; top functions by own time, % of the busy samples"]
+                      f"samples of all threads, {prof.idle_samples} idle in epoll, "
+                      f"{prof.waiting_samples} blocked on a lock, a queue or the GIL, {busy} "
+                      "busy; top functions by own time, % of the busy samples"]
         for frame, count in prof.top_own:
             lines.append(f"  {100 * count / busy:5.1f}%  {frame}")
-        lines.append(f"  flame graph: {prof.svg or '-'}")
+        if prof.parts:
+            lines.append("  busy samples through each part (a sample may count in several): "
+                         + ", ".join(f"{name} {100 * n / busy:.1f}%"
+                                     for name, n in prof.parts.items()))
         lines.append(f"  raw stacks:  {prof.raw or '-'}")
+    if result.profiles:
+        svg = next(iter(result.profiles.values())).svg
+        lines.append(f"  flame graph (produce + fetch): {svg or '-'}")
 
     errors = [f"  round {r.round} {r.path}: {r.error}" for r in result.rounds if r.error]
     errors += [f"  latency {path}: {error}" for path, error in result.latency_errors.items()]
@@ -664,12 +789,14 @@ def result_to_json(result: BenchResult) -> dict[str, Any]:
     data["summary"] = [asdict(s) for s in summarize(result)]
     ok, detail = target_verdict(summarize(result))
     data["target"] = {"ratio": TARGET_RATIO, "pass": ok, "detail": detail}
+    data["features"] = result.settings.features
     return data
 
 
 def write_json(result: BenchResult) -> Path:
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"proxy_bench-{result.started_at}.json"
+    suffix = "" if result.settings.features == FEATURES_NONE else f"-{result.settings.features}"
+    path = RESULTS_DIR / f"proxy_bench{suffix}-{result.started_at}.json"
     path.write_text(json.dumps(result_to_json(result), indent=2) + "\n")
     return path
 
@@ -681,9 +808,14 @@ def parse_args(argv: list[str] | None) -> Settings:
     parser.add_argument("--quick", action="store_true",
                         help="smoke check: 2 rounds of 50000 messages, 2 s latency per path")
     parser.add_argument("--profile", action="store_true",
-                        help="record the proxy with py-spy during an extra, unscored round")
+                        help="record the proxy with py-spy during extra, unscored rounds "
+                        "(produce and fetch profiled apart)")
+    parser.add_argument("--features", choices=FEATURE_SETS, default=FEATURES_NONE,
+                        help="what the proxy has on: none (default), or all that leave the "
+                        "bytes unchanged (quotas not binding, capture, fetch routing whose "
+                        "rack rule matches no client)")
     args = parser.parse_args(argv)
-    overrides: dict[str, Any] = {"profile": args.profile}
+    overrides: dict[str, Any] = {"profile": args.profile, "features": args.features}
     if args.rounds is not None:
         overrides["rounds"] = args.rounds
     if args.messages is not None:

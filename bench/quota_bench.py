@@ -8,7 +8,11 @@
 2. Per-request cost of the quota path (`QuotaManager.record`) with 1,000 and with 100,000
    distinct client-ids, each with its own budget. Target: flat.
 
-Run: python bench/quota_bench.py [--rounds N] [--messages M] [--quick]
+With ``--features all`` the throughput part compares a bare proxy with one that has every
+feature on that leaves the bytes unchanged (``proxy_bench.feature_config``: the quotas above
+plus a request percentage, capture, fetch routing whose rack rule matches no client).
+
+Run: python bench/quota_bench.py [--rounds N] [--messages M] [--quick] [--features none|all]
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import yaml
@@ -36,13 +41,22 @@ from harness import (
     pick_port_range,
     wait_ready,
 )
-from proxy_bench import Endpoint, Settings, run_throughput_round
+from proxy_bench import (
+    FEATURE_SETS,
+    FEATURES_ALL,
+    FEATURES_NONE,
+    Endpoint,
+    Settings,
+    feature_config,
+    run_throughput_round,
+)
 
 from kafka_quota_proxy.demo.embedded_broker import TansuBroker, free_port
 from kafka_quota_proxy.quota.entities import DEFAULT, EntityKey, QuotaType
 from kafka_quota_proxy.quota.manager import QuotaManager, QuotaSettings
 
 NO_QUOTAS, QUOTAS = "no-quotas", "quotas-not-binding"
+NO_FEATURES, ALL_FEATURES = "no-features", "all-features"
 NOT_BINDING = 100 * 1024**3  # 100 GiB/s
 
 
@@ -101,6 +115,7 @@ def interleaved(rounds: int, messages: int, configs: dict[str, dict[str, object]
     settings = Settings(rounds=rounds, messages=messages)
     base, other = list(configs)
     results: dict[str, list[tuple[float, float]]] = {base: [], other: []}
+    cpu: dict[str, list[tuple[float | None, float | None]]] = {base: [], other: []}
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
         work = workdir or Path(tmp)
         broker = TansuBroker(log_path=str(work / "tansu.log"))
@@ -119,27 +134,53 @@ def interleaved(rounds: int, messages: int, configs: dict[str, dict[str, object]
                       f"{_cpu(result.produce)}/{_cpu(result.fetch)} s/GB", flush=True)
                 if round_no:
                     results[name].append((result.produce.mb_per_s, result.fetch.mb_per_s))
+                    cpu[name].append((result.produce.middlebox_cpu_s_per_gb,
+                                      result.fetch.middlebox_cpu_s_per_gb))
     ratios = {
         kind: statistics.median(q[i] / n[i] for q, n in zip(results[other], results[base],
                                                             strict=True))
         for i, kind in enumerate(("produce", "fetch"))
     }
-    return {"rounds": results, "ratio": ratios}
+    cpu_median = {
+        name: {kind: _median_of(c[i] for c in values)
+               for i, kind in enumerate(("produce", "fetch"))}
+        for name, values in cpu.items()
+    }
+    return {"rounds": results, "ratio": ratios, "cpu_s_per_gb": cpu,
+            "cpu_s_per_gb_median": cpu_median}
 
 
-def throughput(rounds: int, messages: int) -> dict[str, object]:
-    quotas = {"quotas": {"entities": [{"client-id": "<default>",
-                                       "producer_byte_rate": NOT_BINDING,
-                                       "consumer_byte_rate": NOT_BINDING}]}}
-    return interleaved(rounds, messages, {NO_QUOTAS: {}, QUOTAS: quotas})
+def _median_of(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
 
 
-def round_args(doc: str, argv: list[str] | None) -> argparse.Namespace:
-    """--rounds, --messages and --quick, for the interleaved throughput benchmarks."""
+def throughput(rounds: int, messages: int,
+               features: str = FEATURES_NONE) -> tuple[str, str, dict[str, object]]:
+    """(baseline, other, ``interleaved``'s result): no quotas against quotas not binding, or
+    with ``features`` "all", a bare proxy against one with every feature that leaves the
+    bytes unchanged."""
+    if features == FEATURES_ALL:
+        with tempfile.TemporaryDirectory(prefix="quota-bench-") as tmp:
+            configs = {NO_FEATURES: {}, ALL_FEATURES: feature_config(FEATURES_ALL, Path(tmp))}
+            return NO_FEATURES, ALL_FEATURES, interleaved(rounds, messages, configs)
+    quotas: dict[str, object] = {"quotas": {"entities": [{"client-id": "<default>",
+                                                          "producer_byte_rate": NOT_BINDING,
+                                                          "consumer_byte_rate": NOT_BINDING}]}}
+    return NO_QUOTAS, QUOTAS, interleaved(rounds, messages, {NO_QUOTAS: {}, QUOTAS: quotas})
+
+
+def round_args(doc: str, argv: list[str] | None, features: bool = False) -> argparse.Namespace:
+    """--rounds, --messages and --quick, for the interleaved throughput benchmarks (and
+    ``features``: --features)."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--quick", action="store_true", help="2 rounds of 50,000 messages")
+    if features:
+        parser.add_argument("--features", choices=FEATURE_SETS, default=FEATURES_NONE,
+                            help="none (default): no quotas against quotas not binding; all: a "
+                            "bare proxy against every feature that leaves the bytes unchanged")
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.messages = 2, 50_000
@@ -153,7 +194,16 @@ def report_ratio(label: str, tp: dict[str, object]) -> bool:
     ok = all(v >= 0.95 for v in ratio.values())
     print(f"  {label} (median of per-round ratios): produce {ratio['produce']:.2f}, fetch "
           f"{ratio['fetch']:.2f}  (target >= 0.95): {'PASS' if ok else 'FAIL'}")
+    cpu = tp.get("cpu_s_per_gb_median")
+    if isinstance(cpu, dict):
+        for name, kinds in cpu.items():
+            print(f"  {name:<20} proxy CPU, median: produce "
+                  f"{_fmt_cpu(kinds['produce'])}, fetch {_fmt_cpu(kinds['fetch'])} core-s/GB")
     return ok
+
+
+def _fmt_cpu(value: float | None) -> str:
+    return "?" if value is None else f"{value:.2f}"
 
 
 def save_result(name: str, doc: dict[str, object]) -> None:
@@ -164,7 +214,7 @@ def save_result(name: str, doc: dict[str, object]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = round_args(__doc__, argv)
+    args = round_args(__doc__, argv, features=True)
 
     print("quota path cost (QuotaManager.record, one budget per client-id):")
     cost = {n: record_cost_us(n) for n in (1_000, 10_000, 100_000)}
@@ -176,14 +226,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  100k / 1k = {flat:.2f}  (target: flat, <= 2.0 for 100x the entities): "
           f"{'PASS' if flat <= 2.0 else 'FAIL'}")
 
-    print(f"\nthroughput, {args.rounds} rounds of {args.messages} x 1 KB (after a warm-up):")
+    print(f"\nthroughput, {args.rounds} rounds of {args.messages} x 1 KB (after a warm-up), "
+          f"features {args.features}:")
     try:
-        tp = throughput(args.rounds, args.messages)
+        base, other, tp = throughput(args.rounds, args.messages, args.features)
     except (RuntimeError, *WORKLOAD_FAILURES) as exc:
         print(f"throughput run failed: {exc}")
         return 1
-    ok = report_ratio("quotas-not-binding / no-quotas", tp)
-    save_result("quota_bench", {"record_cost_us": cost, "throughput": tp})
+    ok = report_ratio(f"{other} / {base}", tp)
+    save_result("quota_bench", {"features": args.features, "record_cost_us": cost,
+                                "throughput": tp})
     return 0 if ok and flat <= 2.0 else 1
 
 
