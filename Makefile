@@ -31,12 +31,15 @@ PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
 # The layers in order, fastest first: the unit tests on two workers (pytest-xdist; CPU-bound,
 # the machine's two cores), the Spark jobs, then the end-to-end tests on three workers (they
 # mostly wait: on quotas, brokers, windows), a module per worker at a time (tests/conftest.py
-# starts the longest first). Every layer runs even when one before fails.
+# starts the longest first). The Spark standalone cluster's test (a master and two workers,
+# mostly starting JVMs) runs beside the end-to-end tests. Every layer runs even when one
+# before fails.
+SPARK_CLUSTER := tests/spark/test_cluster.py
 test: lint
 	@status=0; \
 	$(PYTEST) -n 2 tests/unit || status=1; \
-	$(PYTEST) tests/spark || status=1; \
-	$(PYTEST) -n 3 --dist loadfile --durations=15 tests/e2e || status=1; \
+	$(PYTEST) --ignore=$(SPARK_CLUSTER) tests/spark || status=1; \
+	$(PYTEST) -n 3 --dist loadfile --durations=15 tests/e2e $(SPARK_CLUSTER) || status=1; \
 	exit $$status
 
 unit: $(VENV)/.installed-test

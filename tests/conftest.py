@@ -13,6 +13,7 @@ LONGEST_FIRST = (
     "tests/e2e/test_quotas.py",
     "tests/e2e/test_storage_rate.py",
     "tests/e2e/test_demo.py",
+    "tests/spark/test_cluster.py",
     "tests/e2e/test_drill_soak.py",
     "tests/e2e/test_forged_records.py",
     "tests/e2e/test_shared_quotas.py",
