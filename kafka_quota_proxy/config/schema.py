@@ -435,18 +435,23 @@ class ShadowQuotasConfig(_Model):
     @field_validator("entities", mode="before")
     @classmethod
     def _no_ip_entities(cls, value: Any) -> Any:
-        if isinstance(value, list):
-            for i, e in enumerate(value):
-                if isinstance(e, dict) and "ip" in e:
-                    raise ValueError(f"quotas.shadow.entities.{i} names an ip: the shadow "
-                                     "evaluates user and client-id quotas only")
-        return value
+        return _no_ip_entries(value, "quotas.shadow.entities",
+                              "the shadow evaluates user and client-id quotas only")
 
     def settings(self) -> QuotaSettings:
         """The candidate's budgets, converted as the live quotas and the replay convert
         theirs (``settings_from_section``)."""
         return settings_from_section(self.model_dump(
             exclude_none=True, include={"window", "cap_byte_rate_throttle", "entities"}))
+
+
+def _no_ip_entries(value: Any, where: str, advice: str) -> Any:
+    """A list of user/client-id entities refuses an entry naming an ip, saying where it goes."""
+    if isinstance(value, list):
+        for i, e in enumerate(value):
+            if isinstance(e, dict) and "ip" in e:
+                raise ValueError(f"{where}.{i} names an ip: {advice}")
+    return value
 
 
 _LIVE_ONLY = {
@@ -503,12 +508,7 @@ class QuotasConfig(_Model):
     @field_validator("entities", mode="before")
     @classmethod
     def _no_ip_entities(cls, value: Any) -> Any:
-        if isinstance(value, list):
-            for i, e in enumerate(value):
-                if isinstance(e, dict) and "ip" in e:
-                    raise ValueError(f"quotas.entities.{i} names an ip: ip entities go in "
-                                     "quotas.ip_entities")
-        return value
+        return _no_ip_entries(value, "quotas.entities", "ip entities go in quotas.ip_entities")
 
     def may_alter(self, principal: str) -> bool:
         return principal in {_principal(p) for p in self.admin_principals}
