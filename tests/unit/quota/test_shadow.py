@@ -27,8 +27,8 @@ request = st.tuples(
     st.sampled_from([0, 0, 1, 3]),  # api key
     st.integers(10, 40_000),  # request bytes
     st.integers(-1, 200_000),  # response bytes (-1: none)
-    # request time (ms): the live charge is never 0 (quotas.request_time's base); a capture
-    # row with 0 reads as "not recorded" and the replay estimates it (docs/shadow-quotas.md)
+    # request time (ms): the live charge is never 0 (quotas.request_time's base); with rows
+    # of exactly 0 the replay and the shadow part, not yet explained (docs/shadow-quotas.md)
     st.floats(0.001, 20.0),
     st.sampled_from([None, None, 1.0, 0.5, 0.0]),  # storage scale of a Produce
 )
