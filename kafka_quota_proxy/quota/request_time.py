@@ -26,6 +26,12 @@ from dataclasses import dataclass
 # record batches at about 1 GB/s (CRC checks, copying, the socket), so about 1 us per KiB.
 DEFAULT_BASE_US = 50.0
 DEFAULT_PER_KIB_US = 1.0
+# The least an answered request is charged: 1 ns, the unit a request quota records in. A
+# capture's ``request_time_ms`` of 0 reads as "not recorded" (captures before schema v3, where
+# the replays estimate the charge with the model they replay under); with ``base_us`` and
+# ``per_kib_us`` both 0 and no proxy time measured, the charge would be exactly 0 and read so,
+# and a replay under another model would charge what the live engine (and a shadow) did not.
+MIN_CHARGE_MS = 1e-6
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,5 +48,7 @@ class RequestTimeModel:
         return (self.base_us + self.per_kib_us * moved / 1024.0) / 1000.0
 
     def charge_ms(self, request_bytes: int, response_bytes: int, proxy_ms: float) -> float:
-        """What the request quota records for a request, in ms of one thread."""
-        return proxy_ms + self.broker_ms(request_bytes, response_bytes)
+        """What the request quota records for a request, in ms of one thread (at least
+        ``MIN_CHARGE_MS``)."""
+        charge = proxy_ms + self.broker_ms(request_bytes, response_bytes)
+        return charge if charge >= MIN_CHARGE_MS else MIN_CHARGE_MS

@@ -14,6 +14,7 @@ from kafka_quota_proxy.quota.replay import Recorded, replay, settings_from_secti
 from kafka_quota_proxy.quota.request_time import (
     DEFAULT_BASE_US,
     DEFAULT_PER_KIB_US,
+    MIN_CHARGE_MS,
     RequestTimeModel,
 )
 
@@ -33,6 +34,15 @@ def test_the_charge_grows_with_work_only(request_bytes: int, response_bytes: int
     assert charge >= proxy_ms + DEFAULT_BASE_US / 1000
     assert model.charge_ms(request_bytes + 1024, response_bytes, proxy_ms) > charge
     assert model.charge_ms(request_bytes, response_bytes, proxy_ms + 1) > charge
+
+
+@given(st.integers(0, 10**6), st.integers(-1, 10**6), st.sampled_from([0.0, 1e-9, 0.3]))
+def test_an_answered_request_is_never_charged_exactly_0(request_bytes: int, response_bytes: int,
+                                                       proxy_ms: float) -> None:
+    # (a capture's 0 reads as "not recorded": a replay would estimate it under its own model)
+    free = RequestTimeModel(base_us=0.0, per_kib_us=0.0)
+    charge = free.charge_ms(request_bytes, response_bytes, proxy_ms)
+    assert charge == max(proxy_ms, MIN_CHARGE_MS) and charge > 0
 
 
 def test_the_config_carries_the_model_to_the_settings_and_the_replays() -> None:
