@@ -172,8 +172,12 @@ def test_waiting_is_never_charged_to_a_request_quota(tansu: TansuBroker, tmp_pat
     throttled = [r for r in rows if r["throttle_request_ms"] > 0]
     assert not throttled, throttled[:3]
     assert metrics.get('kafka_proxy_quota_throttled_requests_total{quota="request"}', 0) == 0
-    # What was charged: microseconds for a long poll, not its wait.
-    assert max(r["request_time_ms"] for r in waited) < 5.0
+    # What was charged: the proxy's work on a long poll (tens of microseconds), not its wait
+    # (300 ms and more). Bounds far under the wait and loose enough for a loaded machine, where
+    # a pause of the event loop lands in a request's time (5.06 ms was seen under CI's load).
+    charged = sorted(r["request_time_ms"] for r in waited)
+    assert charged[len(charged) // 2] < 5.0, charged
+    assert charged[-1] < 50.0, charged
     wait_s = sum(r["duration_us"] for r in rows) / 1e6
     work_s = sum(r["request_time_ms"] for r in rows) / 1e3
     slowest_join = max(joins, key=lambda r: r["duration_us"])
