@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import json
 import shutil
 import signal
 import threading
@@ -227,8 +229,16 @@ def _replay_and_tune(out: Path) -> bool:
 
     print("\nreplaying the capture through the quota engine and tuning (Spark) ...", flush=True)
     report = out / "report"
+    # What the printed command runs: the quotas of the demo's config file as the base (the
+    # config last live), the short capture's spans.
+    base = load_config(str(out / "config.yaml")).quotas.model_dump(exclude_none=True)
     options = TuneOptions(min_minutes=MIN_MINUTES, span_seconds=SPAN_SECONDS)
-    facts = run(out / "capture", report, None, master="local[2]", tune=True, options=options)
+    facts = run(str(out / "capture"), str(report), base, master="local[2]", tune=True,
+                options=options)
+    # (the job's inputs as passed, beside its report: what the printed command passes too)
+    (report / "replay-inputs.json").write_text(json.dumps(
+        {"capture": str(out / "capture"), "base": base, "tune": True,
+         "options": dataclasses.asdict(options)}, indent=1))
     for key, value in facts.items():
         if key in ("requests", "reproduction match") or key.startswith("throttled"):
             print(f"{key:<54}: {value}")

@@ -7,12 +7,14 @@ consumed exactly once. It stops cleanly on Ctrl-C."""
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -80,19 +82,47 @@ def test_demo_shows_quotas_a_reload_and_a_recommendation(tmp_path: Path) -> None
         r"^throttled client-seconds \((recorded|replayed, recommended config)\)\s*: (\d+)$",
         out, re.M)}
     assert held["recorded"] > 0 and held["replayed, recommended config"] < held["recorded"], held
-    # The command the demo prints tunes the same short capture from the command line to the
-    # same recommendation.
+    # The command the demo prints runs the job the demo ran, on the same inputs (the job is
+    # deterministic: tests/spark/test_cluster.py; the CLI's own replay runs end to end in
+    # tests/e2e/test_capture.py), so it tunes the short capture to the same recommendation.
     command = next(line.split(": ", 1)[1] for line in out.splitlines()
                    if line.startswith("the same from the command line: "))
     assert "--span-seconds 10" in command
-    args = command.split()[1:]
+    assert _job_call(command.split()[1:], tmp_path) == _job_call_of_the_demo(out_dir)
+
+
+def _job_call(args: list[str], tmp_path: Path) -> dict[str, Any]:
+    """What ``kafka-quota-proxy <args>`` hands the Spark job (``spark_jobs.main.run``), with
+    the job itself replaced by a recorder (it writes the recommendation the CLI reads back)."""
+    from kafka_quota_proxy.cli.main import main
+
+    calls: list[dict[str, Any]] = []
+
+    def recorder(capture_dir: str, out_dir: str, candidate: Any, master: str | None = None,
+                 tune: bool = False, options: Any = None) -> dict[str, Any]:
+        calls.append({"capture": str(capture_dir), "out": str(out_dir), "base": candidate,
+                      "tune": tune, "options": options})
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(out_dir) / "recommended-quotas.yaml").write_text("quotas: {entities: []}\n")
+        return {}
+
+    args = list(args)
     args[args.index("--out") + 1] = str(tmp_path / "cli-report")
-    cli = subprocess.run([sys.executable, "-m", "kafka_quota_proxy", *args, "--master",
-                          "local[2]"], capture_output=True, text=True, timeout=300)
-    assert cli.returncode == 0, cli.stderr[-3000:]
-    from_cli = yaml.safe_load((tmp_path / "cli-report" / "recommended-quotas.yaml").read_text())
-    assert from_cli["quotas"]["entities"] == entities
-    assert "users/alice producer_byte_rate: 2.00 MB/s ->" in cli.stdout
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("kafka_quota_proxy.spark_jobs.main.run", recorder)
+        assert main(args) == 0
+    (call,) = calls
+    call["out"] = "<out>"
+    return call
+
+
+def _job_call_of_the_demo(out_dir: Path) -> dict[str, Any]:
+    """What the demo handed the job (it writes the inputs it passed beside the report)."""
+    from kafka_quota_proxy.spark_jobs.tune import TuneOptions
+
+    inputs = json.loads((out_dir / "report" / "replay-inputs.json").read_text())
+    return {"capture": inputs["capture"], "out": "<out>", "base": inputs["base"],
+            "tune": inputs["tune"], "options": TuneOptions(**inputs["options"])}
 
 
 def test_demo_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
