@@ -66,6 +66,13 @@ def cross_checks(config: ProxyConfig) -> list[tuple[tuple[str | int, ...], str]]
                 problems.append((where, f"{what} collides with {other}"))
                 break
     problems.extend(quota_checks(config.quotas))
+    c = config.coordination
+    if config.quotas.pacing == "strict" and (
+            c.enabled is True or (c.enabled == "auto" and config.workers != 1)):
+        problems.append((("quotas", "pacing"), "strict pacing is not yet available for "
+                         "budgets shared by several processes or instances (coordination "
+                         "on, or auto with workers other than 1): use pacing: kafka, or "
+                         "workers: 1 with coordination off"))
     if config.storage is not None:
         problems.extend(storage_checks(config))
     return problems
@@ -117,6 +124,14 @@ def quota_checks(quotas: QuotasConfig) -> list[tuple[tuple[str | int, ...], str]
     sections: list[tuple[tuple[str, ...], list[Any]]] = [(("quotas",), list(quotas.entities))]
     if quotas.shadow is not None:  # (the candidate's entities, each once too)
         sections.append((("quotas", "shadow"), list(quotas.shadow.entities)))
+    paced: list[tuple[tuple[str, ...], Any]] = [(("quotas",), quotas)]
+    if quotas.shadow is not None:
+        paced.append((("quotas", "shadow"), quotas.shadow))
+    for at, section in paced:
+        if section.pacing == "strict" and section.cap_byte_rate_throttle:
+            problems.append(((*at, "cap_byte_rate_throttle"), "strict pacing pays each "
+                             "request in full, which a throttle bounded at one window cannot: "
+                             "set cap_byte_rate_throttle: false, or pacing: kafka"))
     for at, entities in sections:
         seen: dict[EntityKey, int] = {}
         for i, entity in enumerate(entities):

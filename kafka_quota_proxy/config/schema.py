@@ -418,6 +418,12 @@ class ShadowQuotasConfig(_Model):
     cap_byte_rate_throttle: bool = Field(
         default=False,
         description="Bound byte-rate throttles at one window, like request-time throttles.")
+    pacing: Literal["kafka", "strict"] = Field(
+        default="kafka",
+        description="kafka: Kafka's sampled-rate throttle, exactly as a broker computes it. "
+        "strict: producer_byte_rate and consumer_byte_rate budgets are paced (the first "
+        "window's burst as Kafka allows it, then the quota whatever the batch or fetch size; "
+        "README, \"Strict pacing\"). Reloadable.")
     entities: list[ShadowEntityConfig] = []
     # the live quotas' keys a shadow refuses, each with its reason (``_live_only``)
     request_time: Any = None
@@ -442,7 +448,7 @@ class ShadowQuotasConfig(_Model):
         """The candidate's budgets, converted as the live quotas and the replay convert
         theirs (``settings_from_section``)."""
         return settings_from_section(self.model_dump(
-            exclude_none=True, include={"window", "cap_byte_rate_throttle", "entities"}))
+            exclude_none=True, include={"window", "cap_byte_rate_throttle", "pacing", "entities"}))
 
 
 def _no_ip_entries(value: Any, where: str, advice: str) -> Any:
@@ -476,6 +482,12 @@ class QuotasConfig(_Model):
         description="Bound byte-rate throttles at one window, like request-time throttles "
         "(Kafka leaves them unbounded).",
     )
+    pacing: Literal["kafka", "strict"] = Field(
+        default="kafka",
+        description="kafka: Kafka's sampled-rate throttle, exactly as a broker computes it. "
+        "strict: producer_byte_rate and consumer_byte_rate budgets are paced (the first "
+        "window's burst as Kafka allows it, then the quota whatever the batch or fetch size; "
+        "README, \"Strict pacing\"). Reloadable.")
     entities: list[QuotaEntityConfig] = []
     ip_entities: list[IpQuotaEntityConfig] = Field(
         default=[], description="ip entities and their connection_creation_rate (KIP-612).")

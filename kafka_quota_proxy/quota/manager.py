@@ -30,6 +30,7 @@ from kafka_quota_proxy.quota.throttle import (
 )
 
 ONE_HOUR_MS = 3_600_000
+KAFKA, STRICT = "kafka", "strict"  # ``QuotaSettings.pacing``
 # Entries the (quota type, user, client-id) caches hold at most: past it they start afresh
 # (client-ids and users are the clients' to choose; entities sharing one budget, e.g. every
 # client-id of a user with a user quota, never let that budget's sensor expire)
@@ -52,6 +53,9 @@ class QuotaSettings:
     entities: Mapping[EntityKey, Mapping[QuotaType, float]] = field(default_factory=dict)
     # what a request costs a request quota (``quota.request_time``)
     request_time: RequestTimeModel = field(default_factory=RequestTimeModel)
+    # ``quotas.pacing``: "kafka" (Kafka's sampled-rate throttle) or "strict" (produce and
+    # fetch byte-rate budgets paced: ``QuotaManager._strict_throttle``)
+    pacing: str = "kafka"
 
     def for_type(self, quota_type: QuotaType) -> dict[EntityKey, float]:
         return {k: v[quota_type] for k, v in self.entities.items() if quota_type in v}
@@ -247,6 +251,9 @@ class QuotaManager:
         if bound is None:
             sensor.rate.record(value, now_ms)
             return 0
+        if (self.settings.pacing == STRICT and quota_type is not QuotaType.REQUEST
+                and self.hook is None):
+            return self._strict_throttle(sensor, value, now_ms, bound)
         rate, window = sensor.rate.record_and_measure(value, now_ms)
         if self.hook is not None:  # budgets shared with other processes (``quota.shared``)
             rate, window, bound = self.hook(sensor, value, rate, window, now_ms)
@@ -259,6 +266,38 @@ class QuotaManager:
         if throttle:
             sensor.throttled_requests += 1
             sensor.throttle_ms_total += throttle
+        return throttle
+
+    def _strict_throttle(self, sensor: Sensor, value: float, now_ms: int, bound: float) -> int:
+        """The throttle of a produce or fetch budget under ``pacing: strict``.
+
+        Kafka's throttle for the first request of a budget, measured over the padded window
+        of ``samples - 1`` windows, is ``value / bound - (samples - 1) x window``: a
+        generic cell rate algorithm with that tolerance gives the same, and keeps giving it.
+        Each value is paid for at the bound: the budget is paced up to ``max(paced_until,
+        now) + value / bound``, and the throttle is what lies beyond ``(samples - 1)``
+        windows from now. So the first window's burst is Kafka's, and after it a greedy
+        client gets the bound whatever its request size: a request worth seconds of quota is
+        paid for in full instead of leaving the samples before its throttle is over (which
+        lets Kafka's maths through at 1.2-1.3x with 1 MB batches at 1 MB/s). A client that
+        sends less than the bound earns back at most that tolerance. ``cap_byte_rate_throttle``
+        does not apply (a bounded throttle cannot pay for a larger request; the config
+        refuses the two together). The sampled
+        rate records every value (metrics; Kafka's maths again if ``pacing`` goes back).
+        Only what was recorded decides the throttle: a replay gives the same."""
+        sensor.rate.record(value, now_ms)
+        paced = sensor.paced_until
+        if paced is None or paced < now_ms:
+            paced = now_ms
+        paced += value * 1000.0 / bound
+        sensor.paced_until = paced
+        settings = self.settings
+        throttle = java_round(paced - now_ms - (settings.samples - 1) * settings.window_ms)
+        if throttle <= 0:
+            return 0
+        throttle = min(throttle, INT32_MAX)
+        sensor.throttled_requests += 1
+        sensor.throttle_ms_total += throttle
         return throttle
 
     def _paced_throttle(self, sensor: Sensor, value: float, now_ms: int, scale: float) -> int:

@@ -52,6 +52,7 @@ def settings_from_section(section: Mapping[str, Any]) -> QuotaSettings:
         cap_byte_rate_throttle=bool(section.get("cap_byte_rate_throttle", False)),
         entities=entities,
         request_time=RequestTimeModel(**(section.get("request_time") or {})),
+        pacing=str(section.get("pacing", "kafka")),
     )
 
 
