@@ -21,6 +21,9 @@ def spark_session(master: str | None = None, app: str = "kafka-quota-proxy") -> 
         .config("spark.sql.execution.arrow.maxRecordsPerBatch", "100000")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", os.environ.get("KQP_SPARK_DRIVER_MEMORY", "4g"))
+        # Throughput over pause times: the jobs are batches (about a tenth less CPU than G1)
+        .config("spark.driver.extraJavaOptions", "-XX:+UseParallelGC")
+        .config("spark.executor.extraJavaOptions", "-XX:+UseParallelGC")
     )
     if os.environ.get("KQP_SPARK_EXECUTOR_MEMORY"):  # (a cluster's executors: 1g by default)
         builder = builder.config("spark.executor.memory",
