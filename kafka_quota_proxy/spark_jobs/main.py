@@ -38,6 +38,7 @@ from kafka_quota_proxy.spark_jobs.replay import (
     catalog_of,
     entity_totals,
     match_rate,
+    name_counts,
     overlapping,
     process_spans,
     replay_summary,
@@ -85,7 +86,8 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
     captures = read_capture(spark, capture_dir)
     live = read_live_configs(capture_dir)
     storage = read_storage_settings(capture_dir)
-    spans = process_spans(captures)  # per process: requests, first and last, clock offset
+    names = name_counts(captures).cache()  # one pass over the capture for its names
+    spans = process_spans(captures, names)  # per process: requests, first, last, clock offset
     start_s, end_s = whole_minutes(int(spans["first_ms"].min()), int(spans["last_ms"].max()),
                                    options.span_seconds)
     minutes = (end_s - start_s) / 60
@@ -93,7 +95,8 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
                              "whole minutes": int(minutes) if minutes.is_integer()
                              else round(minutes, 2),
                              "processes": len(spans)}
-    catalog = catalog_of(captures)  # the names the replays move as numbers
+    catalog = catalog_of(names)  # the names the replays move as numbers
+    names.unpersist()
     pairs = list(catalog.names.entities.values())
     phase("read")
 

@@ -82,7 +82,8 @@ class Catalog:
 
 
 def catalog_of(captures: DataFrame) -> Catalog:
-    """One pass over the capture's name columns (a few distinct values among many rows)."""
+    """One pass over the capture's name columns (a few distinct values among many rows), or
+    over its ``name_counts``."""
     rows = (captures.select("run", "user", "client_id").distinct()
             .select(F.xxhash64("run").alias("run_id"), "run",
                     F.xxhash64("user", "client_id").alias("entity"), "user", "client_id")
@@ -401,18 +402,28 @@ def throttle_histogram(summary: DataFrame) -> DataFrame:
 
 # ---------------------------------------------------------------- multi-process captures
 
-def process_spans(captures: DataFrame) -> pd.DataFrame:
+def name_counts(captures: DataFrame) -> DataFrame:
+    """Per name of the capture (process, instance, run, user and client-id): its requests, and
+    the first and last ``ts_ms``. Few rows, from one pass over the capture: ``process_spans``
+    and ``catalog_of`` take their names from them (cache it to share it)."""
+    return captures.groupBy("process", "instance", "run", "user", "client_id").agg(
+        F.count("*").alias("requests"), F.min("ts_ms").alias("first_ms"),
+        F.max("ts_ms").alias("last_ms"))
+
+
+def process_spans(captures: DataFrame, names: DataFrame | None = None) -> pd.DataFrame:
     """Per process (``process``, ``instance``, ``run``; capture schema v4, defaulted for older
     captures by ``capture.with_processes``): requests, the first and last ``ts_ms``, and, when
     processes ran at the same time (``overlapping``), the offset of its quota clock from the
     wall clock, the median of ``ts_ms - quota_ms`` over its rows (``ts_ms`` is when the
     request was read, ``quota_ms`` when it was recorded: the median takes the usual gap
     between the two with it, the same for every process); otherwise NaN (a capture of one
-    process at a time is never put on one clock, and the median is a pass of its own)."""
+    process at a time is never put on one clock, and the median is a pass of its own).
+    ``names``: ``name_counts(captures)``, when the caller has it."""
     keys = ["process", "instance", "run"]
-    rows = captures.groupBy(*keys).agg(
-        F.count("*").alias("requests"), F.min("ts_ms").alias("first_ms"),
-        F.max("ts_ms").alias("last_ms")).collect()
+    rows = (names if names is not None else name_counts(captures)).groupBy(*keys).agg(
+        F.sum("requests").alias("requests"), F.min("first_ms").alias("first_ms"),
+        F.max("last_ms").alias("last_ms")).collect()
     out = pd.DataFrame([r.asDict() for r in rows],
                        columns=[*keys, "requests", "first_ms", "last_ms"])
     out["offset_ms"] = np.nan
