@@ -172,10 +172,24 @@ def _read_overrides(config: ProxyConfig) -> dict[Any, dict[str, float]] | None:
         return None
 
 
+def _with_pacing(quotas: QuotasConfig, pacing: str | None) -> QuotasConfig | None:
+    """``quotas`` with ``--pacing`` in place of its own (None after printing why not)."""
+    if pacing is None:
+        return quotas
+    if pacing == "strict" and quotas.cap_byte_rate_throttle:
+        print("--pacing strict: the config bounds byte-rate throttles at one window "
+              "(cap_byte_rate_throttle: true), which strict pacing cannot hold",
+              file=sys.stderr)
+        return None
+    return quotas.model_copy(update={"pacing": pacing})
+
+
 def _cmd_quotas_simulate(args: argparse.Namespace) -> int:
     from kafka_quota_proxy.cli.whatif import run_simulate
 
     quotas = _load_quotas(args.config, quota_only=True)
+    if quotas is not None:
+        quotas = _with_pacing(quotas, args.pacing)
     if quotas is None:
         return 1
     if args.events == "-":
@@ -196,6 +210,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         print(f"kafka-quota-proxy replay: error: {usage}", file=sys.stderr)
         return 2
     quotas = _load_quotas(args.config)
+    if quotas is not None:
+        quotas = _with_pacing(quotas, args.pacing)
     if quotas is None:
         return 1
     try:
@@ -416,6 +432,9 @@ def build_parser() -> argparse.ArgumentParser:
         "{...}, \"remove\": [...]}} changes the quotas from then on.")
     p.add_argument("--config", required=True, metavar="FILE", help=config_help)
     p.add_argument("--events", required=True, metavar="FILE", help="JSON lines, or - for stdin")
+    p.add_argument("--pacing", choices=("kafka", "strict"), default=None,
+                   help="the quotas paced this way instead of as --config says (quotas."
+                   "pacing): the same traffic under both, to compare")
     p.set_defaults(func=_cmd_quotas_simulate)
     admin_tools.register_quota_commands(qsub)
     apply_quotas.register_apply_command(qsub)
@@ -444,6 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, metavar="FILE",
                    help="a proxy config whose quotas are replayed (and the base of --tune)")
     p.add_argument("--out", required=True, metavar="DIR", help="where the report goes")
+    p.add_argument("--pacing", choices=("kafka", "strict"), default=None,
+                   help="the quotas paced this way instead of as --config says (quotas."
+                   "pacing): the same traffic under both, to compare")
     p.add_argument("--master", default=None, metavar="URL",
                    help="Spark master (default: local[*], or what spark-submit sets)")
     p.add_argument("--tune", action="store_true",

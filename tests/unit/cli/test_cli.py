@@ -209,3 +209,32 @@ def test_run_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
     assert proc.returncode == 0, err
     assert "proxy_started" in err
     assert "proxy_stopped" in err
+
+
+def test_replay_pacing_overrides_the_configs_for_the_job(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # ``replay --pacing kafka|strict``: the same capture under either pacing, to compare
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        'listeners: {bootstrap: "127.0.0.1:9192", advertised_host: "127.0.0.1", '
+        'broker_ports: "9193-9292"}\n'
+        'upstream: {bootstrap_servers: ["127.0.0.1:9092"]}\n'
+        "quotas:\n  cap_byte_rate_throttle: false\n"
+        '  entities: [{client-id: "<default>", producer_byte_rate: 1000}]\n')
+    handed: list[str] = []
+
+    def job(capture: str, out: str, candidate: dict, **_: object) -> dict:
+        handed.append(candidate.get("pacing"))
+        return {}
+
+    monkeypatch.setattr("kafka_quota_proxy.spark_jobs.main.run", job)
+    args = ["replay", "--capture", str(tmp_path), "--config", str(config), "--out",
+            str(tmp_path / "out")]
+    for pacing in ([], ["--pacing", "strict"], ["--pacing", "kafka"]):
+        assert main([*args, *pacing]) == 0
+    assert handed == ["kafka", "strict", "kafka"]
+    # strict cannot hold a throttle bounded at one window: refused, nothing run
+    config.write_text(config.read_text().replace("cap_byte_rate_throttle: false",
+                                                 "cap_byte_rate_throttle: true"))
+    assert main([*args, "--pacing", "strict"]) == 1
+    assert handed == ["kafka", "strict", "kafka"]

@@ -128,6 +128,26 @@ def test_simulate_throttles_over_quota_and_applies_alters(config_file: Path) -> 
     assert lines[4]["throttle_ms"] == 0 and lines[4]["limit"] is None  # request quota removed
 
 
+def test_simulate_compares_kafka_and_strict_pacing_on_the_same_events(
+        config_file: Path) -> None:
+    # Two requests of 20 s of quota each (c1's <default> budget, 1 MiB/s), 13 s apart: the
+    # first throttle is the same either way (10 s: the padded window's burst); Kafka's maths
+    # has forgotten the first request by the second (10 s again), strict pacing has not
+    # (paid up to 40 s: 40 - 13 - 10 = 17 s).
+    q = 1048576
+    events = "".join(json.dumps({"t_ms": t, "client_id": "c1", "quota": "produce",
+                                 "value": 20 * q}) + "\n" for t in (0, 13_000))
+    throttles = {}
+    for pacing in (None, "kafka", "strict"):
+        flags = ["--pacing", pacing] if pacing else []
+        proc = _cli("quotas", "simulate", "--config", str(config_file), "--events", "-",
+                    *flags, stdin=events)
+        assert proc.returncode == 0, proc.stderr
+        throttles[pacing] = [json.loads(x)["throttle_ms"] for x in proc.stdout.splitlines()]
+    assert throttles[None] == throttles["kafka"] == [10_000, 10_000]
+    assert throttles["strict"] == [10_000, 17_000]
+
+
 def test_simulate_reports_bad_events_with_their_line(config_file: Path) -> None:
     proc = _cli("quotas", "simulate", "--config", str(config_file), "--events", "-",
                 stdin='{"t_ms": 5, "quota": "produce", "value": 1}\n{"t_ms": 1, "quota": "x"}\n')
