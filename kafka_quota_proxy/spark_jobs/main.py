@@ -127,7 +127,8 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
     # The config whose budgets are measured (and, with --tune, whose structure is kept).
     base, base_label = _base(candidate, live)
     mapping = budget_mapping(pairs, base or {}, _types(base, tune))
-    seconds = budget_seconds(sec, mapping, catalog.entity_frame).cache()
+    # (read twice, by the report: two passes over ``sec`` cost less than caching it again)
+    seconds = budget_seconds(sec, mapping, catalog.entity_frame)
     chosen = candidate
     label = "candidate config"
     recommendation: Recommendation | None = None
@@ -179,7 +180,6 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
     # Rates of the top budgets over time, with the quota each has.
     series, quotas = _top_budgets(seconds, mapping, chosen, label,
                                   _history(live, read_live_config_times(capture_dir)))
-    seconds.unpersist()
     sec.unpersist()
     plots = {"Rate vs quota, top budgets": "rates.png",
              "Throttle distribution: recorded vs replayed": "throttles.png",
