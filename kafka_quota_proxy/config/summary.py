@@ -16,7 +16,8 @@ def summarize(config: ProxyConfig) -> str:
         f"metrics            : {config.metrics.listen or 'off'}",
         f"max frame bytes    : {config.network.max_frame_bytes}",
         f"quota entities     : {len(config.quotas.entities)} "
-        f"(window {config.quotas.window.samples} x {config.quotas.window.size_seconds} s)",
+        f"(window {config.quotas.window.samples} x {config.quotas.window.size_seconds} s"
+        f"{_pacing(config.quotas.pacing)})",
         "shadow quotas      : " + _shadow(config),
         "fetch routing      : "
         + (f"{config.racks.selector} (proxy rack {config.racks.proxy_rack or 'unset'}, "
@@ -97,10 +98,14 @@ def broker_view(config: ProxyConfig, security: object) -> str:
             "clients apart")
 
 
+def _pacing(pacing: str) -> str:
+    return ", strict pacing" if pacing == "strict" else ""
+
+
 def _shadow(config: ProxyConfig) -> str:
     shadow = config.quotas.shadow
     if shadow is None:
         return "off"
     shape = (f"{len(shadow.entities)} entities (window {shadow.window.samples} x "
-             f"{shadow.window.size_seconds} s)")
+             f"{shadow.window.size_seconds} s{_pacing(shadow.pacing)})")
     return shape if shadow.enabled else f"off (enabled: false; {shape})"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kafka_quota_proxy.config.loading import parse_config, parse_quotas
+from kafka_quota_proxy.config.summary import summarize
 from testkit import config_errors
 
 SOURCE = "pacing.yaml"
@@ -36,8 +37,13 @@ def test_a_shadow_may_pace_otherwise_than_the_live_quotas() -> None:
     text = BASE + QUOTAS.format(pacing="kafka") + (
         "  shadow:\n    pacing: strict\n"
         "    entities: [{client-id: app, producer_byte_rate: 1000000}]\n")
-    shadow = parse_config(text, SOURCE).quotas.shadow_settings()
+    cfg = parse_config(text, SOURCE)
+    shadow = cfg.quotas.shadow_settings()
     assert shadow is not None and shadow.pacing == "strict"
+    # check-config's summary says which
+    summary = summarize(cfg)
+    assert "quota entities     : 1 (window 11 x 1 s)" in summary
+    assert "shadow quotas      : 1 entities (window 11 x 1 s, strict pacing)" in summary
 
 
 def test_an_unknown_pacing_names_its_line() -> None:
