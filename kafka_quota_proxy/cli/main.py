@@ -172,6 +172,12 @@ def _read_overrides(config: ProxyConfig) -> dict[Any, dict[str, float]] | None:
         return None
 
 
+def _add_pacing(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pacing", choices=("kafka", "strict"), default=None,
+                   help="the quotas paced this way instead of as --config says (quotas."
+                   "pacing): the same traffic under both, to compare")
+
+
 def _with_pacing(quotas: QuotasConfig, pacing: str | None) -> QuotasConfig | None:
     """``quotas`` with ``--pacing`` in place of its own (None after printing why not)."""
     if pacing is None:
@@ -432,9 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
         "{...}, \"remove\": [...]}} changes the quotas from then on.")
     p.add_argument("--config", required=True, metavar="FILE", help=config_help)
     p.add_argument("--events", required=True, metavar="FILE", help="JSON lines, or - for stdin")
-    p.add_argument("--pacing", choices=("kafka", "strict"), default=None,
-                   help="the quotas paced this way instead of as --config says (quotas."
-                   "pacing): the same traffic under both, to compare")
+    _add_pacing(p)
     p.set_defaults(func=_cmd_quotas_simulate)
     admin_tools.register_quota_commands(qsub)
     apply_quotas.register_apply_command(qsub)
@@ -463,9 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", required=True, metavar="FILE",
                    help="a proxy config whose quotas are replayed (and the base of --tune)")
     p.add_argument("--out", required=True, metavar="DIR", help="where the report goes")
-    p.add_argument("--pacing", choices=("kafka", "strict"), default=None,
-                   help="the quotas paced this way instead of as --config says (quotas."
-                   "pacing): the same traffic under both, to compare")
+    _add_pacing(p)
     p.add_argument("--master", default=None, metavar="URL",
                    help="Spark master (default: local[*], or what spark-submit sets)")
     p.add_argument("--tune", action="store_true",

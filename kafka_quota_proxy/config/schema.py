@@ -405,6 +405,16 @@ class ShadowEntityConfig(QuotaEntityConfig):
         return self
 
 
+Pacing = Literal["kafka", "strict"]
+# ``quotas.pacing`` and ``quotas.shadow.pacing``
+PACING: Any = Field(
+    default="kafka",
+    description="kafka: Kafka's sampled-rate throttle, exactly as a broker computes it. "
+    "strict: producer_byte_rate and consumer_byte_rate budgets are paced (the first window's "
+    "burst as Kafka allows it, then the quota whatever the batch or fetch size; README, "
+    "\"Strict pacing\"). Reloadable.")
+
+
 class ShadowQuotasConfig(_Model):
     """A candidate quota config evaluated beside the live one on the same traffic, with no
     effect on clients (``docs/shadow-quotas.md``): its budgets record what the live budgets
@@ -418,12 +428,7 @@ class ShadowQuotasConfig(_Model):
     cap_byte_rate_throttle: bool = Field(
         default=False,
         description="Bound byte-rate throttles at one window, like request-time throttles.")
-    pacing: Literal["kafka", "strict"] = Field(
-        default="kafka",
-        description="kafka: Kafka's sampled-rate throttle, exactly as a broker computes it. "
-        "strict: producer_byte_rate and consumer_byte_rate budgets are paced (the first "
-        "window's burst as Kafka allows it, then the quota whatever the batch or fetch size; "
-        "README, \"Strict pacing\"). Reloadable.")
+    pacing: Pacing = PACING
     entities: list[ShadowEntityConfig] = []
     # the live quotas' keys a shadow refuses, each with its reason (``_live_only``)
     request_time: Any = None
@@ -482,12 +487,7 @@ class QuotasConfig(_Model):
         description="Bound byte-rate throttles at one window, like request-time throttles "
         "(Kafka leaves them unbounded).",
     )
-    pacing: Literal["kafka", "strict"] = Field(
-        default="kafka",
-        description="kafka: Kafka's sampled-rate throttle, exactly as a broker computes it. "
-        "strict: producer_byte_rate and consumer_byte_rate budgets are paced (the first "
-        "window's burst as Kafka allows it, then the quota whatever the batch or fetch size; "
-        "README, \"Strict pacing\"). Reloadable.")
+    pacing: Pacing = PACING
     entities: list[QuotaEntityConfig] = []
     ip_entities: list[IpQuotaEntityConfig] = Field(
         default=[], description="ip entities and their connection_creation_rate (KIP-612).")

@@ -55,7 +55,7 @@ class QuotaSettings:
     request_time: RequestTimeModel = field(default_factory=RequestTimeModel)
     # ``quotas.pacing``: "kafka" (Kafka's sampled-rate throttle) or "strict" (produce and
     # fetch byte-rate budgets paced: ``QuotaManager._strict_throttle``)
-    pacing: str = "kafka"
+    pacing: str = KAFKA
 
     def for_type(self, quota_type: QuotaType) -> dict[EntityKey, float]:
         return {k: v[quota_type] for k, v in self.entities.items() if quota_type in v}
@@ -143,6 +143,7 @@ class QuotaManager:
         self.sensors: dict[tuple[QuotaType, Tags], Sensor] = {}
         self.settings = settings
         self._by_type = {qt: settings.for_type(qt) for qt in QuotaType}
+        self._strict = settings.pacing == STRICT
         # (quota type, user, client-id) -> resolution, and -> the sensor of its budget (one
         # lookup on the hot path); both cleared on config change and at every expiry run, and
         # each when it reaches CACHE_LIMIT entries
@@ -190,6 +191,7 @@ class QuotaManager:
             self.settings.samples, self.settings.window_ms)
         self.settings = settings
         self._by_type = {qt: settings.for_type(qt) for qt in QuotaType}
+        self._strict = settings.pacing == STRICT
         self._resolved.clear()
         self._sensor_of.clear()
         if reshape:
@@ -251,8 +253,7 @@ class QuotaManager:
         if bound is None:
             sensor.rate.record(value, now_ms)
             return 0
-        if (self.settings.pacing == STRICT and quota_type is not QuotaType.REQUEST
-                and self.hook is None):
+        if self._strict and quota_type is not QuotaType.REQUEST and self.hook is None:
             return self._strict_throttle(sensor, value, now_ms, bound)
         rate, window = sensor.rate.record_and_measure(value, now_ms)
         if self.hook is not None:  # budgets shared with other processes (``quota.shared``)
@@ -282,23 +283,12 @@ class QuotaManager:
         lets Kafka's maths through at 1.2-1.3x with 1 MB batches at 1 MB/s). A client that
         sends less than the bound earns back at most that tolerance. ``cap_byte_rate_throttle``
         does not apply (a bounded throttle cannot pay for a larger request; the config
-        refuses the two together). The sampled
-        rate records every value (metrics; Kafka's maths again if ``pacing`` goes back).
-        Only what was recorded decides the throttle: a replay gives the same."""
+        refuses the two together). The sampled rate records every value (metrics; Kafka's
+        maths again if ``pacing`` goes back). Only what was recorded decides the throttle: a
+        replay gives the same."""
         sensor.rate.record(value, now_ms)
-        paced = sensor.paced_until
-        if paced is None or paced < now_ms:
-            paced = now_ms
-        paced += value * 1000.0 / bound
-        sensor.paced_until = paced
         settings = self.settings
-        throttle = java_round(paced - now_ms - (settings.samples - 1) * settings.window_ms)
-        if throttle <= 0:
-            return 0
-        throttle = min(throttle, INT32_MAX)
-        sensor.throttled_requests += 1
-        sensor.throttle_ms_total += throttle
-        return throttle
+        return _pace(sensor, value, now_ms, bound, (settings.samples - 1) * settings.window_ms)
 
     def _paced_throttle(self, sensor: Sensor, value: float, now_ms: int, scale: float) -> int:
         """The throttle of a produce budget while storage scaling applies to it.
@@ -321,20 +311,12 @@ class QuotaManager:
         sensor.rate.record(value, now_ms)
         configured = sensor.bound
         bound = (self.storage.unquoted_produce_bound if configured is None else configured) * scale
-        paced = sensor.paced_until
-        if paced is None or paced < now_ms:
-            paced = now_ms
         if bound <= 0:  # paused: the proxy admits nothing; nothing is owed
-            sensor.paced_until = paced
+            paced = sensor.paced_until
+            if paced is None or paced < now_ms:
+                sensor.paced_until = now_ms
             return 0
-        paced += value * 1000.0 / bound
-        sensor.paced_until = paced
-        throttle = min(java_round(paced - now_ms - self.settings.window_ms), INT32_MAX)
-        if throttle <= 0:
-            return 0
-        sensor.throttled_requests += 1
-        sensor.throttle_ms_total += throttle
-        return throttle
+        return _pace(sensor, value, now_ms, bound, self.settings.window_ms)
 
     def storage_exempt(self, user: str, client_id: str) -> bool:
         return self.storage.exempt(user, client_id)
@@ -385,3 +367,20 @@ class QuotaManager:
 
     def __iter__(self) -> Iterator[Sensor]:
         return iter(self.sensors.values())
+
+
+def _pace(sensor: Sensor, value: float, now_ms: int, bound: float, tolerance_ms: int) -> int:
+    """Pacing (a generic cell rate algorithm): ``value`` paid for at ``bound`` (> 0), the
+    budget paced up to ``max(paced_until, now) + value / bound``; the throttle is what lies
+    beyond ``tolerance_ms`` from now (counted in the sensor)."""
+    paced = sensor.paced_until
+    if paced is None or paced < now_ms:
+        paced = now_ms
+    paced += value * 1000.0 / bound
+    sensor.paced_until = paced
+    throttle = min(java_round(paced - now_ms - tolerance_ms), INT32_MAX)
+    if throttle <= 0:
+        return 0
+    sensor.throttled_requests += 1
+    sensor.throttle_ms_total += throttle
+    return throttle
