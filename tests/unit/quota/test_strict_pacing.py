@@ -161,3 +161,16 @@ def test_a_shadow_paces_as_the_live_engine_would_and_a_replay_agrees() -> None:
     (budget,) = shadow.budgets()
     assert shadow.budgets()[budget] == (throttled, expected) and throttled
     assert replayed_budgets(rows, strict, StorageSettings(0.0)) == shadow.budgets()
+
+
+def test_idling_banks_no_more_than_the_first_windows_burst() -> None:
+    # A tenant that sends nothing for an hour, then everything at once, gets exactly the
+    # throttle a new budget would: the level drains to nothing, never below.
+    fresh = QuotaManager(_settings("strict"))
+    idle = QuotaManager(_settings("strict"))
+    _greedy(idle, QuotaType.PRODUCE, 1_000_000, 60, start_ms=1_000_000)
+    later = 1_000_000 + 3_600_000
+    burst = [idle.record(QuotaType.PRODUCE, "u", "c", 2_000_000, later + i) for i in range(20)]
+    assert burst == [fresh.record(QuotaType.PRODUCE, "u", "c", 2_000_000, later + i)
+                     for i in range(20)]
+    assert burst[4] == 0 and burst[5] > 0  # 10 s of quota at once, no more
