@@ -25,6 +25,7 @@ from kio.static.primitive import (
     Interval,
     Records,
     TZAware,
+    f64,
     i32Timedelta,
     i64Timedelta,
 )
@@ -183,6 +184,8 @@ def _strategy_for(tp: Any, max_items: int) -> st.SearchStrategy[Any]:
         return st.integers(min_value=0, max_value=2**33).map(
             lambda s: TZAware.parse(datetime.datetime.fromtimestamp(s, tz=datetime.UTC))
         )
+    if tp is f64:
+        return st.floats(allow_nan=False).map(f64)
     if tp is Records or tp is bytes:
         return st.binary(max_size=24)
     if tp is uuid.UUID:
@@ -221,6 +224,10 @@ def _minimal_for(tp: Any) -> Any:
         return ErrorCode(0)
     if tp is i32Timedelta:
         return ms(0)
+    if tp is i64Timedelta:
+        return i64Timedelta.parse(datetime.timedelta(0))
+    if tp is TZAware:
+        return TZAware.parse(datetime.datetime.fromtimestamp(0, tz=datetime.UTC))
     if tp is Records or tp is bytes:
         return b""
     if tp is uuid.UUID:

@@ -1,6 +1,8 @@
 """Whole frames decoded with kio's schemas, for the few requests and responses the proxy
 reads in full (the SASL exchange, the client quota admin APIs). Frames are without their size
-prefix, header included; anything that does not decode raises ``MalformedFrame``."""
+prefix, header included; anything that does not decode raises ``MalformedFrame``. A client's
+request is walked by ``array_counts`` first: kio's native reader would reserve memory for
+whatever count the client wrote, and a failed allocation there aborts the process."""
 
 from __future__ import annotations
 
@@ -11,14 +13,20 @@ from typing import Any
 from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader
 
-from kafka_quota_proxy.protocol import apis
+from kafka_quota_proxy.protocol import apis, array_counts
 from kafka_quota_proxy.protocol.errors import MalformedFrame
 from kafka_quota_proxy.protocol.headers import parse_request_header, parse_response_header
 
 
 @cache
 def _request_reader(api_key: int, version: int) -> Any:
-    return entity_reader(load_request_schema(api_key, version))
+    cls = load_request_schema(api_key, version)
+    read = entity_reader(cls)
+
+    def checked(body: memoryview, pos: int) -> Any:
+        array_counts.check(cls, body, pos)
+        return read(body, pos)
+    return checked
 
 
 @cache
