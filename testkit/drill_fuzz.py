@@ -1094,6 +1094,10 @@ def run(frames: int = 1_000_000, seconds_cap: float = 1200.0, seed: int = 1,
             start = time.monotonic()
             fuzzer.run()
             duration = time.monotonic() - start
+            if not proxy.alive:  # say how it died rather than fail on its closed /metrics
+                tail = proxy.log_path.read_text(errors="replace").splitlines()[-40:]
+                raise AssertionError("the proxy died under the fuzz:\n" + "\n".join(
+                    line for line in tail if not line.startswith("{"))[-4000:])
             during = proxy.metrics()
             # The proxy lets go of every fuzz connection (the good clients keep theirs).
             fds_start = watch.fds[0]
