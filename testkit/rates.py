@@ -68,8 +68,9 @@ class Cycles:
         begun; then the lowest and the highest ``rate`` over ``span_s`` or more, begun at
         each cycle."""
         starts = [s for s in self.starts if s >= start]
-        if len(starts) < 2:
-            r = self.rate(start)
+        if len(starts) < 2:  # no throttle cycles (paced): from ``start`` to the last event
+            end = self.times[-1] if self.times else start
+            r = self.volume(start, end) / max(end - start, 1e-9) / self.quota
             return r, r, r
         first, last = starts[0], starts[-1]
         total = self.volume(first, last) / (last - first) / self.quota

@@ -23,6 +23,8 @@ from kafka_quota_proxy.quota.manager import (
     ONE_HOUR_MS,
     BudgetHook,
     HeadroomHook,
+    PaceHeadroomHook,
+    PaceHook,
     QuotaManager,
     QuotaSettings,
     Sensor,
@@ -32,14 +34,17 @@ from kafka_quota_proxy.quota.shared import BudgetKey, RemoteUsage, SharedBudgets
 
 
 class SharedQuotaManager(QuotaManager):
-    """``QuotaManager`` with a ``BudgetHook`` where ``record`` checks the quota. Produce
-    budgets paced by storage scaling are left as ``QuotaManager`` paces them (an open
-    question of ``docs/scale-out.md``)."""
+    """``QuotaManager`` with a ``BudgetHook`` where ``record`` checks the quota (and a
+    ``PaceHook`` where strict pacing paces it). Produce budgets paced by storage scaling are
+    left as ``QuotaManager`` paces them (an open question of ``docs/scale-out.md``)."""
 
     def __init__(self, settings: QuotaSettings, hook: BudgetHook | None,
-                 headroom: HeadroomHook | None = None, idle_expiry_ms: int = ONE_HOUR_MS,
+                 headroom: HeadroomHook | None = None, pace: PaceHook | None = None,
+                 pace_headroom: PaceHeadroomHook | None = None,
+                 idle_expiry_ms: int = ONE_HOUR_MS,
                  storage: StorageScaling | None = None) -> None:
-        super().__init__(settings, idle_expiry_ms, storage, hook, headroom)
+        super().__init__(settings, idle_expiry_ms, storage, hook, headroom, pace,
+                         pace_headroom)
 
 
 # ---------------------------------------------------------------------- design B

@@ -66,13 +66,6 @@ def cross_checks(config: ProxyConfig) -> list[tuple[tuple[str | int, ...], str]]
                 problems.append((where, f"{what} collides with {other}"))
                 break
     problems.extend(quota_checks(config.quotas))
-    c = config.coordination
-    if config.quotas.pacing == "strict" and (
-            c.enabled is True or (c.enabled == "auto" and config.workers != 1)):
-        problems.append((("quotas", "pacing"), "strict pacing is not yet available for "
-                         "budgets shared by several processes or instances (coordination "
-                         "on, or auto with workers other than 1): use pacing: kafka, or "
-                         "workers: 1 with coordination off"))
     if config.storage is not None:
         problems.extend(storage_checks(config))
     return problems

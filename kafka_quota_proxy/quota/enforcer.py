@@ -14,11 +14,13 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kafka_quota_proxy.quota.entities import QuotaType
+from kafka_quota_proxy.quota.entities import QuotaType, Tags, quota_limit
 from kafka_quota_proxy.quota.manager import (
     ONE_HOUR_MS,
     BudgetHook,
     HeadroomHook,
+    PaceHeadroomHook,
+    PaceHook,
     QuotaManager,
     QuotaSettings,
     Sensor,
@@ -26,7 +28,7 @@ from kafka_quota_proxy.quota.manager import (
 )
 
 # a broker's scope -> the hooks of its budgets shared with other processes (``quota.shared``)
-SharedHooks = Callable[[int], tuple[BudgetHook, HeadroomHook]]
+SharedHooks = Callable[[int], tuple[BudgetHook, HeadroomHook, PaceHook, PaceHeadroomHook]]
 
 BOOTSTRAP_SCOPE = -1
 
@@ -52,6 +54,7 @@ class QuotaEnforcer:
         self.storage = StorageScaling() if storage is None else storage
         self.storage_epoch = 0  # bumped whenever the storage scale changes
         self.shared: SharedHooks | None = None
+        self._by_type = {qt: settings.for_type(qt) for qt in QuotaType}
         self._refresh_enabled()
 
     def share(self, hooks: SharedHooks) -> None:
@@ -59,7 +62,12 @@ class QuotaEnforcer:
         each broker's manager gets ``hooks(scope)``, those made already included."""
         self.shared = hooks
         for scope, m in self.managers.items():
-            m.hook, m.headroom_hook = hooks(scope)
+            m.hook, m.headroom_hook, m.pace_hook, m.pace_headroom_hook = hooks(scope)
+
+    def bound(self, quota_type: QuotaType, tags: Tags) -> float | None:
+        """The configured bound of the budget with these tags (None: unlimited), whichever
+        broker's: the same config applies to every broker."""
+        return quota_limit(self._by_type[quota_type], tags)[0]
 
     @property
     def produce_scale(self) -> float | None:
@@ -99,14 +107,16 @@ class QuotaEnforcer:
     def manager(self, scope: int) -> QuotaManager:
         m = self.managers.get(scope)
         if m is None:
-            hook, headroom = self.shared(scope) if self.shared is not None else (None, None)
-            m = self.managers[scope] = QuotaManager(self.settings, self.idle_expiry_ms,
-                                                    storage=self.storage, hook=hook,
-                                                    headroom=headroom)
+            hook, headroom, pace, pace_headroom = (
+                self.shared(scope) if self.shared is not None else (None, None, None, None))
+            m = self.managers[scope] = QuotaManager(
+                self.settings, self.idle_expiry_ms, storage=self.storage, hook=hook,
+                headroom=headroom, pace=pace, pace_headroom=pace_headroom)
         return m
 
     def update(self, settings: QuotaSettings) -> None:
         self.settings = settings
+        self._by_type = {qt: settings.for_type(qt) for qt in QuotaType}
         self.generation += 1
         self._refresh_enabled()
         for m in self.managers.values():

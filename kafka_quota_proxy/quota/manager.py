@@ -96,6 +96,12 @@ BudgetHook = Callable[["Sensor", float, float, int, int], tuple[float, int, floa
 # (sensor, now ms, bound in force) -> whether the values in flight, recorded now, would still
 # be below the bound (``Sensor.headroom`` over every process sharing the budget)
 HeadroomHook = Callable[["Sensor", int, float], bool]
+# (sensor, value, now ms, bound, tolerance ms) -> throttle ms: strict pacing of a budget whose
+# level every process sharing it raises (``quota.shared``)
+PaceHook = Callable[["Sensor", float, int, float, int], int]
+# (sensor, now ms, bound, tolerance ms) -> whether the values in flight, recorded now, would
+# not be throttled (``produce_headroom`` of a strictly paced budget shared with others)
+PaceHeadroomHook = Callable[["Sensor", int, float, int], bool]
 
 
 # ClientQuotaManager.NanosToPercentagePerSecond = 100.0 / TimeUnit.SECONDS.toNanos(1)
@@ -133,12 +139,16 @@ class StorageScaling:
 class QuotaManager:
     def __init__(self, settings: QuotaSettings, idle_expiry_ms: int = ONE_HOUR_MS,
                  storage: StorageScaling | None = None, hook: BudgetHook | None = None,
-                 headroom: HeadroomHook | None = None) -> None:
+                 headroom: HeadroomHook | None = None, pace: PaceHook | None = None,
+                 pace_headroom: PaceHeadroomHook | None = None) -> None:
         # ``hook``: where a limited budget is checked, turns this process's measure into the
         # one enforced (the usage of every process sharing the budget: ``quota.shared``);
-        # ``headroom``: the same for the pipelining check of produce budgets
+        # ``headroom``: the same for the pipelining check of produce budgets; ``pace``: the
+        # same under strict pacing (``pace_headroom``: its pipelining check)
         self.hook = hook
         self.headroom_hook = headroom
+        self.pace_hook = pace
+        self.pace_headroom_hook = pace_headroom
         self.idle_expiry_ms = idle_expiry_ms
         self.sensors: dict[tuple[QuotaType, Tags], Sensor] = {}
         self.settings = settings
@@ -253,7 +263,7 @@ class QuotaManager:
         if bound is None:
             sensor.rate.record(value, now_ms)
             return 0
-        if self._strict and quota_type is not QuotaType.REQUEST and self.hook is None:
+        if self._strict and quota_type is not QuotaType.REQUEST:
             return self._strict_throttle(sensor, value, now_ms, bound)
         rate, window = sensor.rate.record_and_measure(value, now_ms)
         if self.hook is not None:  # budgets shared with other processes (``quota.shared``)
@@ -285,10 +295,14 @@ class QuotaManager:
         does not apply (a bounded throttle cannot pay for a larger request; the config
         refuses the two together). The sampled rate records every value (metrics; Kafka's
         maths again if ``pacing`` goes back). Only what was recorded decides the throttle: a
-        replay gives the same."""
+        replay gives the same. Shared with other processes (``pace_hook``), the level is the
+        whole budget's (``quota.shared.SharedBudgets.pace``)."""
         sensor.rate.record(value, now_ms)
         settings = self.settings
-        return _pace(sensor, value, now_ms, bound, (settings.samples - 1) * settings.window_ms)
+        tolerance = (settings.samples - 1) * settings.window_ms
+        if self.pace_hook is not None:
+            return self.pace_hook(sensor, value, now_ms, bound, tolerance)
+        return pace(sensor, value, now_ms, bound, tolerance)
 
     def _paced_throttle(self, sensor: Sensor, value: float, now_ms: int, scale: float) -> int:
         """The throttle of a produce budget while storage scaling applies to it.
@@ -316,7 +330,7 @@ class QuotaManager:
             if paced is None or paced < now_ms:
                 sensor.paced_until = now_ms
             return 0
-        return _pace(sensor, value, now_ms, bound, self.settings.window_ms)
+        return pace(sensor, value, now_ms, bound, self.settings.window_ms)
 
     def storage_exempt(self, user: str, client_id: str) -> bool:
         return self.storage.exempt(user, client_id)
@@ -336,15 +350,22 @@ class QuotaManager:
         sensor = self.sensor(QuotaType.PRODUCE, user, client_id, now_ms)
         bound = self.produce_bound(sensor.bound, user, client_id)
         if self.storage.scale is None or self.storage.exempt(user, client_id):
+            if self._strict and bound is not None:
+                # paced: read on while the values in flight would not be throttled (a
+                # sampled rate would let a backlog of seconds of quota in, each of its
+                # requests then throttled one after the other)
+                tolerance = (self.settings.samples - 1) * self.settings.window_ms
+                if self.pace_headroom_hook is not None:
+                    return self.pace_headroom_hook(sensor, now_ms, bound, tolerance)
+                return level_headroom(sensor.paced_until, sensor.in_flight, now_ms, bound,
+                                      tolerance)
             if self.headroom_hook is not None and bound is not None:
                 return self.headroom_hook(sensor, now_ms, bound)
             return sensor.headroom(now_ms, bound)
         if bound is None or bound <= 0:
             return False
-        paced = sensor.paced_until
-        if paced is None or paced < now_ms:
-            paced = now_ms
-        return paced + sensor.in_flight * 1000.0 / bound - now_ms < self.settings.window_ms
+        return level_headroom(sensor.paced_until, sensor.in_flight, now_ms, bound,
+                              self.settings.window_ms)
 
     def expire(self, now_ms: int) -> int:
         """Drop sensors with no record for ``idle_expiry_ms``; return how many."""
@@ -369,18 +390,30 @@ class QuotaManager:
         return iter(self.sensors.values())
 
 
-def _pace(sensor: Sensor, value: float, now_ms: int, bound: float, tolerance_ms: int) -> int:
+def pace(sensor: Sensor, value: float, now_ms: int, bound: float, tolerance_ms: int) -> int:
     """Pacing (a generic cell rate algorithm): ``value`` paid for at ``bound`` (> 0), the
     budget paced up to ``max(paced_until, now) + value / bound``; the throttle is what lies
     beyond ``tolerance_ms`` from now (counted in the sensor)."""
-    paced = sensor.paced_until
-    if paced is None or paced < now_ms:
-        paced = now_ms
-    paced += value * 1000.0 / bound
-    sensor.paced_until = paced
-    throttle = min(java_round(paced - now_ms - tolerance_ms), INT32_MAX)
-    if throttle <= 0:
-        return 0
-    sensor.throttled_requests += 1
-    sensor.throttle_ms_total += throttle
+    sensor.paced_until, throttle = paced_throttle(sensor.paced_until, value, now_ms, bound,
+                                                  tolerance_ms)
+    if throttle:
+        sensor.throttled_requests += 1
+        sensor.throttle_ms_total += throttle
     return throttle
+
+
+def level_headroom(paced_until: float | None, in_flight: float, now_ms: int, bound: float,
+                   tolerance_ms: int) -> bool:
+    """Whether ``in_flight``, paid for at ``bound`` on a level paced up to ``paced_until``,
+    would still be within ``tolerance_ms`` from now (not throttled)."""
+    paced = now_ms if paced_until is None or paced_until < now_ms else paced_until
+    return paced + in_flight * 1000.0 / bound - now_ms < tolerance_ms
+
+
+def paced_throttle(paced_until: float | None, value: float, now_ms: int, bound: float,
+                   tolerance_ms: int) -> tuple[float, int]:
+    """``pace``'s maths on a level: the new ``paced_until`` and the throttle (ms, >= 0)."""
+    paced = now_ms if paced_until is None or paced_until < now_ms else paced_until
+    paced += value * 1000.0 / bound
+    throttle = min(java_round(paced - now_ms - tolerance_ms), INT32_MAX)
+    return paced, max(throttle, 0)

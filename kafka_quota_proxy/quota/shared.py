@@ -47,9 +47,14 @@ from kafka_quota_proxy.quota.entities import QuotaType
 from kafka_quota_proxy.quota.manager import (
     BudgetHook,
     HeadroomHook,
+    PaceHeadroomHook,
+    PaceHook,
     QuotaManager,
     QuotaSettings,
     Sensor,
+    level_headroom,
+    pace,
+    paced_throttle,
 )
 from kafka_quota_proxy.quota.sampled import SampledRate
 from kafka_quota_proxy.quota.throttle import rate_per_second
@@ -61,6 +66,8 @@ BudgetKey = tuple[int, QuotaType, str, str]
 ReportedSample = tuple[int, int, float]
 
 REPORT_VERSION = 1
+# version 2 adds each budget's cumulative value (``UsageReport.totals``): strict pacing
+REPORT_VERSION_TOTALS = 2
 _TYPE_CODES = {QuotaType.PRODUCE: 0, QuotaType.FETCH: 1, QuotaType.REQUEST: 2}
 _CODE_TYPES = {v: k for k, v in _TYPE_CODES.items()}
 _HEADER = struct.Struct(">BqqHI")  # version, seq, sent_ms, samples, window_ms
@@ -68,6 +75,7 @@ _COUNT = struct.Struct(">I")
 _LEN = struct.Struct(">H")
 _BUDGET = struct.Struct(">iBIIB")  # broker, quota type, user index, client-id index, samples
 _SAMPLE = struct.Struct(">IId")  # start before, last before, value
+_TOTAL = struct.Struct(">d")
 _MAX_BEFORE = 2**32 - 1
 
 
@@ -91,6 +99,10 @@ class UsageReport:
     samples: int
     window_ms: int
     budgets: Mapping[BudgetKey, tuple[ReportedSample, ...]] = field(default_factory=dict)
+    # version 2 (strict pacing): each budget's cumulative value recorded by the process since
+    # it began using it (a smaller one than before: it began afresh); every budget of
+    # ``totals`` is in ``budgets`` too, with no samples when none is live
+    totals: Mapping[BudgetKey, float] | None = None
 
     @property
     def key(self) -> bytes:
@@ -102,16 +114,24 @@ class UsageReport:
         (u32 count, each u16 length + UTF-8); u32 budgets, each: broker i32, quota type u8
         (0 produce, 1 fetch, 2 request), user and client-id as u32 indexes into the table,
         u8 samples, each: start before u32, last event before u32, value f64. 16 bytes a
-        sample: at most 12 x 16 + 14 bytes a budget with Kafka's default window."""
+        sample: at most 12 x 16 + 14 bytes a budget with Kafka's default window.
+
+        Version 2 (``totals`` given): the same, each budget followed by its cumulative value
+        (f64; -1 for a budget without one)."""
         strings: dict[str, int] = {}
+        totals = self.totals
         body = bytearray(_COUNT.pack(len(self.budgets)))
-        for (broker, quota_type, user, client_id), samples in self.budgets.items():
+        for key, samples in self.budgets.items():
+            broker, quota_type, user, client_id = key
             u = strings.setdefault(user, len(strings))
             c = strings.setdefault(client_id, len(strings))
             body += _BUDGET.pack(broker, _TYPE_CODES[quota_type], u, c, len(samples))
             for start, last, value in samples:
                 body += _SAMPLE.pack(start, last, value)
-        out = bytearray(_HEADER.pack(REPORT_VERSION, self.seq, self.sent_ms, self.samples,
+            if totals is not None:
+                body += _TOTAL.pack(totals.get(key, -1.0))
+        version = REPORT_VERSION if totals is None else REPORT_VERSION_TOTALS
+        out = bytearray(_HEADER.pack(version, self.seq, self.sent_ms, self.samples,
                                      self.window_ms))
         _put_str(out, self.process)
         out += _COUNT.pack(len(strings))
@@ -135,9 +155,10 @@ def _put_str(out: bytearray, s: str) -> None:
 
 
 def _decode(view: memoryview) -> UsageReport:
-    if not len(view) or view[0] != REPORT_VERSION:
+    if not len(view) or view[0] not in (REPORT_VERSION, REPORT_VERSION_TOTALS):
         raise ReportError(f"unknown report version {view[0] if len(view) else None}")
-    _, seq, sent_ms, samples, window_ms = _HEADER.unpack_from(view, 0)
+    version, seq, sent_ms, samples, window_ms = _HEADER.unpack_from(view, 0)
+    totals: dict[BudgetKey, float] | None = {} if version == REPORT_VERSION_TOTALS else None
     if samples < 1 or window_ms < 1:
         raise ReportError("the quota window must be positive")
     pos = _HEADER.size
@@ -175,9 +196,16 @@ def _decode(view: memoryview) -> UsageReport:
         if key in budgets:
             raise ReportError(f"budget {key} twice")
         budgets[key] = tuple(got)
+        if totals is not None:
+            (total,) = _TOTAL.unpack_from(view, pos)
+            pos += _TOTAL.size
+            if total != -1.0:
+                if not 0.0 <= total < float("inf"):
+                    raise ReportError(f"bad total {total}")
+                totals[key] = total
     if pos != len(view):
         raise ReportError(f"{len(view) - pos} bytes after the report")
-    return UsageReport(process, seq, sent_ms, samples, window_ms, budgets)
+    return UsageReport(process, seq, sent_ms, samples, window_ms, budgets, totals)
 
 
 # ---------------------------------------------------------------------- one process's samples
@@ -203,13 +231,15 @@ def kafka_window(elapsed_ms: int, samples: int, window_ms: int) -> int:
 
 def usage_report(process: str, seq: int, sent_ms: int, managers: Mapping[int, QuotaManager],
                  now_ms: int, min_fraction: float = 0.0,
-                 settings: QuotaSettings | None = None) -> UsageReport:
+                 settings: QuotaSettings | None = None,
+                 totals: Mapping[BudgetKey, float] | None = None) -> UsageReport:
     """The report of a process whose quota managers (one per broker) are ``managers``, made
     at ``now_ms`` on their clock. Limited budgets with usage in the window only;
     ``min_fraction``: also leave out those whose own rate is below that fraction of their
     bound (the others then miss at most ``live * min_fraction`` of the quota). The quota
     window reported is the managers' (``settings``' while there is none: without it, Kafka's
-    default, which a reader with another window ignores)."""
+    default, which a reader with another window ignores). ``totals`` (strict pacing:
+    ``SharedBudgets.totals``): a version 2 report, with every budget of ``totals``."""
     defaults = settings if settings is not None else QuotaSettings()
     shape = (defaults.samples, defaults.window_ms)
     budgets: dict[BudgetKey, tuple[ReportedSample, ...]] = {}
@@ -228,7 +258,11 @@ def usage_report(process: str, seq: int, sent_ms: int, managers: Mapping[int, Qu
             budgets[(broker, sensor.quota_type, *sensor.tags)] = tuple(
                 (min(now_ms - s, _MAX_BEFORE), min(now_ms - last, _MAX_BEFORE), v)
                 for s, last, v in samples)
-    return UsageReport(process, seq, sent_ms, shape[0], shape[1], budgets)
+    if totals is not None:
+        for key in totals:
+            budgets.setdefault(key, ())
+    return UsageReport(process, seq, sent_ms, shape[0], shape[1], budgets,
+                       None if totals is None else dict(totals))
 
 
 # ---------------------------------------------------------------------- everyone's reports
@@ -269,6 +303,13 @@ class _Report:
     sent_ms: int
     as_of_ms: int
     budgets: dict[BudgetKey, list[_Held]]
+    totals: Mapping[BudgetKey, float] | None = None  # (version 2)
+    weight: int = 0  # budgets held for it (``max_held_budgets``): those of the report
+
+
+# what a report adds to budgets' levels under strict pacing (``RemoteUsage.on_usage``):
+# budget -> [(when on the reader's clock, value)]
+Pours = dict[BudgetKey, list[tuple[int, float]]]
 
 
 @dataclass(slots=True)
@@ -318,6 +359,13 @@ class RemoteUsage:
     - What the others' reports can charge to one budget is bounded where it is counted:
       ``SharedBudgets(charge_cap_windows)``.
 
+    Strict pacing (version 2 reports, with each budget's cumulative value): a report taken
+    gives ``on_usage`` what the process recorded into each budget since the report its line
+    held before (the increase of the cumulative value, at the report's time; all of it for
+    a budget new in the line or begun afresh); the first report of a line gives its live
+    samples instead, each at its last event (a process seen for the first time, or a reader
+    just started, does not take hours of cumulative value as just done).
+
     The fallback applies while ``reading`` is off (the reports cannot be read, or have not
     been read up to the end of the topic yet) or while this process's own reports do not
     come back (within ``staleness_ms``: its writes fail, so the others no longer count it).
@@ -351,6 +399,7 @@ class RemoteUsage:
         self.dropped = 0  # processes forgotten for staleness
         self.conflicts = 0  # reports that started a new line under a process id
         self.refused: dict[Refusal, int] = dict.fromkeys(Refusal, 0)
+        self.on_usage: Callable[[Pours], None] | None = None  # strict pacing: the pours
 
     # ------------------------------------------------------------------ input
     def set_reading(self, reading: bool, now_ms: int) -> None:
@@ -414,11 +463,12 @@ class RemoteUsage:
                     and (extends is None or (line.seq, line.sent_ms)
                          > (extends.seq, extends.sent_ms))):
                 extends = line
+        prior = extends  # the report this one follows in its line (None: a line begins)
         if extends is None and lines:  # a new line under a known id
             self.conflicts += 1
             if len(lines) >= MAX_LINES:
                 extends = min(lines, key=lambda r: r.as_of_ms)  # replaced by the new line
-        freed = len(extends.budgets) if extends is not None else 0
+        freed = extends.weight if extends is not None else 0
         if self._held_budgets - freed + len(report.budgets) > self.max_held_budgets:
             return self._refuse(Refusal.FULL)
         got = self._held(report, as_of_ms)
@@ -430,17 +480,40 @@ class RemoteUsage:
             peer.lines[peer.lines.index(extends)] = got
         else:
             peer.lines.append(got)
-        self._held_budgets += len(got.budgets) - freed
+        self._held_budgets += got.weight - freed
         for key in got.budgets:
             self._index.setdefault(key, {}).setdefault(report.process, []).append(got)
+        if got.totals is not None and self.on_usage is not None:
+            self.on_usage(self._pours(got, prior))
         return True
+
+    def _pours(self, got: _Report, prior: _Report | None) -> Pours:
+        """What ``got`` adds to the budgets' levels (the class's doc, strict pacing)."""
+        assert got.totals is not None
+        as_of = got.as_of_ms
+        pours: Pours = {}
+        if prior is None or prior.totals is None:  # a line begins: its live samples
+            expire = self._expire
+            for key, samples in got.budgets.items():
+                if key in got.totals:
+                    pours[key] = [(expiry - expire, value) for _, expiry, value in samples
+                                  if value > 0.0]
+            return pours
+        before = prior.totals
+        for key, total in got.totals.items():
+            last = before.get(key)
+            added = total if last is None or total < last else total - last
+            if added > 0.0:
+                pours[key] = [(as_of, added)]
+        return pours
 
     def _held(self, report: UsageReport, as_of_ms: int) -> _Report:
         expire = self._expire
         return _Report(report.seq, report.sent_ms, as_of_ms, {
             key: [(as_of_ms - start, as_of_ms - last + expire, value)
                   for start, last, value in samples]
-            for key, samples in report.budgets.items() if samples})
+            for key, samples in report.budgets.items() if samples}, report.totals,
+            len(report.budgets))
 
     def stopped(self, process: str) -> None:
         """A tombstone for ``process``: it no longer counts as live; its usage counts until
@@ -455,7 +528,7 @@ class RemoteUsage:
         if peer is not None:
             for line in peer.lines:
                 self._unindex(process, line)
-                self._held_budgets -= len(line.budgets)
+                self._held_budgets -= line.weight
 
     def _unindex(self, process: str, report: _Report) -> None:
         for key in report.budgets:
@@ -481,7 +554,7 @@ class RemoteUsage:
             elif len(peer.lines) > 1:
                 for r in [r for r in peer.lines if not self._fresh(r, now_ms)]:
                     self._unindex(p, r)
-                    self._held_budgets -= len(r.budgets)
+                    self._held_budgets -= r.weight
                     peer.lines.remove(r)
         for p in stale:
             self.forget(p)
@@ -632,13 +705,34 @@ class SharedBudgets:
     outliving the report). Capped, a report can cost a budget about ``charge_cap_windows``
     windows of throttle while it is fresh. (A peer that really passed more, such as one
     fetch response of many windows' worth, is under-counted here; its own process throttles
-    that client as Kafka would.)"""
+    that client as Kafka would.)
+
+    **Strict pacing** (``pace``, the ``PaceHook``): the process keeps each budget's level
+    (``paced_until``, ``QuotaManager._strict_throttle``) for the whole budget: its own
+    values raise it as they are recorded, the others' as their reports are read
+    (``RemoteUsage.on_usage``: version 2 reports, with cumulative values; the process's own
+    are ``totals``), each at the time it was done, at the bound ``bound_of`` gives
+    (the budget's configured one: a report names a budget, not its bound). A lag only moves
+    when a process learns of the others' values, never whether it counts them, so over whole
+    throttle cycles the budget gets its quota (at the start each process may give the first
+    window's burst before it hears of the others). What the others pour is bounded as the
+    sampled design bounds it: a pour never takes the level further than
+    ``(samples - 1) + charge_cap_windows x samples`` windows past its time (a forged report
+    costs the budget at most that throttle while it goes on). Under the fallback each process
+    paces its own values against ``bound / live``."""
 
     def __init__(self, remote: RemoteUsage, *, compensate_lag: bool = True,
                  active_ms: int | None = None, coordinate: bool = True,
                  scale_by_usage: bool = False,
-                 charge_cap_windows: float | None = CHARGE_CAP_WINDOWS) -> None:
+                 charge_cap_windows: float | None = CHARGE_CAP_WINDOWS,
+                 bound_of: Callable[[BudgetKey], float | None] | None = None) -> None:
         self.remote = remote
+        # strict pacing: each budget's level (paced_until on the quota clock), the bound of
+        # a budget as configured (None: the others' pours are not counted), pours capped
+        self._levels: dict[BudgetKey, float] = {}
+        self.bound_of = bound_of
+        self.capped_pours = 0
+        remote.on_usage = self._pour
         self.charge_cap_windows = charge_cap_windows
         self.capped_checks = 0  # quota checks where the others' usage was capped
         # A+: a peer's unseen usage is what this process did since the peer's report, times
@@ -662,11 +756,101 @@ class SharedBudgets:
             return self.measure(broker, sensor, value, rate, window_ms, now_ms)
         return measure
 
-    def hooks(self, broker: int) -> tuple[BudgetHook, HeadroomHook]:
-        """Both hooks of ``broker``'s ``QuotaManager`` (``QuotaEnforcer.share``)."""
+    def hooks(self, broker: int) -> tuple[BudgetHook, HeadroomHook, PaceHook, PaceHeadroomHook]:
+        """The hooks of ``broker``'s ``QuotaManager`` (``QuotaEnforcer.share``)."""
         def headroom(sensor: Sensor, now_ms: int, bound: float) -> bool:
             return self.headroom(broker, sensor, now_ms, bound)
-        return self.hook(broker), headroom
+
+        def paced(sensor: Sensor, value: float, now_ms: int, bound: float,
+                  tolerance_ms: int) -> int:
+            return self.pace(broker, sensor, value, now_ms, bound, tolerance_ms)
+
+        def paced_headroom(sensor: Sensor, now_ms: int, bound: float, tolerance_ms: int
+                           ) -> bool:
+            return self.pace_headroom(broker, sensor, now_ms, bound, tolerance_ms)
+        return self.hook(broker), headroom, paced, paced_headroom
+
+    # ------------------------------------------------------------------ strict pacing
+    def pace(self, broker: int, sensor: Sensor, value: float, now_ms: int, bound: float,
+             tolerance_ms: int) -> int:
+        """The throttle of a value recorded into a strictly paced budget (the class's doc)."""
+        if not self.coordinate:
+            return pace(sensor, value, now_ms, bound, tolerance_ms)
+        key = (broker, sensor.quota_type, *sensor.tags)
+        self._own_use(key, value, now_ms)
+        level, throttle = paced_throttle(self._levels.get(key), value, now_ms, bound,
+                                         tolerance_ms)
+        self._levels[key] = level
+        remote = self.remote
+        if remote.fallback(now_ms):  # (the level still learns of its own values)
+            self.fallback_checks += 1
+            return pace(sensor, value, now_ms, fallback_bound(bound, remote.fallback_processes),
+                        tolerance_ms)
+        if throttle:
+            sensor.throttled_requests += 1
+            sensor.throttle_ms_total += throttle
+        return throttle
+
+    def pace_headroom(self, broker: int, sensor: Sensor, now_ms: int, bound: float,
+                      tolerance_ms: int) -> bool:
+        """``QuotaManager.produce_headroom`` of a strictly paced budget: whether this
+        process's values in flight, recorded now, would not be throttled (against the
+        whole budget's level; under the fallback, its own at its share)."""
+        if not self.coordinate:
+            return level_headroom(sensor.paced_until, sensor.in_flight, now_ms, bound,
+                                  tolerance_ms)
+        remote = self.remote
+        if remote.fallback(now_ms):
+            return level_headroom(sensor.paced_until, sensor.in_flight, now_ms,
+                                  fallback_bound(bound, remote.fallback_processes),
+                                  tolerance_ms)
+        key = (broker, sensor.quota_type, *sensor.tags)
+        return level_headroom(self._levels.get(key), sensor.in_flight, now_ms, bound,
+                              tolerance_ms)
+
+    def level(self, key: BudgetKey) -> float | None:
+        """A strictly paced budget's ``paced_until`` (None: never raised, or drained)."""
+        return self._levels.get(key)
+
+    def _pour(self, pours: Pours) -> None:
+        """The others' values (``RemoteUsage.on_usage``) into the budgets' levels."""
+        bound_of = self.bound_of
+        if bound_of is None:
+            return
+        remote = self.remote
+        cap_ms = None
+        if self.charge_cap_windows is not None:
+            cap_ms = ((remote.samples - 1) * remote.window_ms
+                      + self.charge_cap_windows * remote.samples * remote.window_ms)
+        levels = self._levels
+        for key, values in pours.items():
+            bound = bound_of(key)
+            if bound is None or bound <= 0.0:
+                continue
+            level = levels.get(key)
+            for when, value in values:
+                base = when if level is None or level < when else level
+                raised = base + value * 1000.0 / bound
+                if cap_ms is not None and raised > when + cap_ms:
+                    self.capped_pours += 1
+                    raised = max(base, when + cap_ms)
+                level = raised
+            if level is not None:
+                levels[key] = level
+
+    def totals(self) -> dict[BudgetKey, float]:
+        """What this process recorded into each budget it uses, since it began to (its
+        version 2 report's cumulative values)."""
+        return {key: own.total for key, own in self._own.items()}
+
+    def _own_use(self, key: BudgetKey, value: float, now_ms: int) -> None:
+        own = self._own.get(key)
+        if own is None:
+            own = self._own[key] = _Own()
+            if self.on_first_use is not None:  # the others should hear of it at once
+                self.on_first_use()
+        own.total += value
+        own.last_ms = now_ms
 
     def headroom(self, broker: int, sensor: Sensor, now_ms: int, bound: float) -> bool:
         """``Sensor.headroom`` over every process: whether this process's values in flight,
@@ -698,13 +882,7 @@ class SharedBudgets:
         if not self.coordinate:
             return rate, window_ms, bound
         key = (broker, sensor.quota_type, *sensor.tags)
-        own = self._own.get(key)
-        if own is None:
-            own = self._own[key] = _Own()
-            if self.on_first_use is not None:  # the others should hear of it at once
-                self.on_first_use()
-        own.total += value
-        own.last_ms = now_ms
+        self._own_use(key, value, now_ms)
         remote = self.remote
         if remote.fallback(now_ms):
             self.fallback_checks += 1
@@ -780,3 +958,6 @@ class SharedBudgets:
                 del ticks[0]
         for key in gone:
             del self._own[key]
+        levels = self._levels
+        for key in [k for k, paced in levels.items() if paced < now_ms]:
+            del levels[key]  # drained: the same as never raised

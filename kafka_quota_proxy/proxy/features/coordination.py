@@ -41,6 +41,7 @@ from kafka_quota_proxy.proxy.cluster_topics import (
 from kafka_quota_proxy.proxy.feature import Feature
 from kafka_quota_proxy.quota.capture_schema import process_id
 from kafka_quota_proxy.quota.enforcer import QuotaEnforcer
+from kafka_quota_proxy.quota.manager import STRICT
 from kafka_quota_proxy.quota.shared import (
     Refusal,
     RemoteUsage,
@@ -115,7 +116,8 @@ class Coordination(Feature):
         self.remote = RemoteUsage(process, settings.samples, settings.window_ms,
                                   config.staleness_ms, initial_processes,
                                   max_skew_ms=config.max_clock_skew_ms)
-        self.shared = SharedBudgets(self.remote)
+        self.shared = SharedBudgets(
+            self.remote, bound_of=lambda key: quotas.bound(key[1], (key[2], key[3])))
         self.shared.on_first_use = self._report_soon
         quotas.share(self.shared.hooks)
         self._soon: asyncio.Handle | None = None  # an early report, scheduled
@@ -278,8 +280,10 @@ class Coordination(Feature):
         now = self.clock()
         self.last_report_ms = now
         self.seq += 1
+        settings = self.quotas.settings
         report = usage_report(self.process, self.seq, self.wall(), self.quotas.managers, now,
-                              settings=self.quotas.settings)
+                              settings=settings,
+                              totals=self.shared.totals() if settings.pacing == STRICT else None)
         self.shared.reported(now)
         self.remote.expire(now)
         self._note_fallback()

@@ -55,8 +55,6 @@ def test_an_unknown_pacing_names_its_line() -> None:
 @pytest.mark.parametrize(("extra", "line", "path", "words"), [
     ("  cap_byte_rate_throttle: true\n", 11, "quotas.cap_byte_rate_throttle",
      "cannot: set cap_byte_rate_throttle: false"),
-    ("coordination: {enabled: true}\n", 8, "quotas.pacing", "not yet available"),
-    ("workers: 2\n", 8, "quotas.pacing", "not yet available"),
 ])
 def test_what_strict_pacing_cannot_hold_is_refused(extra: str, line: int, path: str,
                                                    words: str) -> None:
@@ -65,6 +63,11 @@ def test_what_strict_pacing_cannot_hold_is_refused(extra: str, line: int, path: 
     assert words in str(e["msg"]), e
 
 
-def test_strict_pacing_with_workers_and_coordination_off_loads() -> None:
-    text = BASE + QUOTAS.format(pacing="strict") + "workers: 2\ncoordination: {enabled: false}\n"
+@pytest.mark.parametrize("extra", [
+    "workers: 2\ncoordination: {enabled: false}\n",
+    "workers: 2\n",  # (coordination auto: budgets shared by the workers)
+    "coordination: {enabled: true}\n",
+])
+def test_strict_pacing_loads_alone_or_with_shared_budgets(extra: str) -> None:
+    text = BASE + QUOTAS.format(pacing="strict") + extra
     assert parse_config(text, SOURCE).quotas.settings().pacing == "strict"

@@ -113,7 +113,7 @@ def test_any_bytes_decode_or_raise_report_error(data: bytes) -> None:
 
 @pytest.mark.parametrize("mangle", [
     lambda d: b"",
-    lambda d: b"\x02" + d[1:],  # a version this code does not read
+    lambda d: b"\x03" + d[1:],  # a version this code does not read
     lambda d: d[:-1],  # truncated
     lambda d: d + b"\x00",  # trailing bytes
     # a sample whose last event is before its start (last "before" > start "before")
@@ -389,7 +389,7 @@ def test_produce_headroom_counts_the_others_usage_and_their_requests_in_flight()
     remote = reading(now=t)
     see(remote, usage_report("b", 1, 0, {1: b}, t), t)
     shared = SharedBudgets(remote)
-    hook, headroom = shared.hooks(1)
+    hook, headroom, *_ = shared.hooks(1)
     a = QuotaManager(SETTINGS, hook=hook, headroom=headroom)
     alone = QuotaManager(SETTINGS)
     for m in (a, alone):
@@ -412,7 +412,7 @@ def test_the_enforcer_gives_every_broker_manager_its_shared_hooks() -> None:
 
     enforcer = QuotaEnforcer(SETTINGS)
     before = enforcer.manager(1)
-    assert before.hook is None and before.headroom_hook is None
+    assert before.hook is None and before.headroom_hook is None and before.pace_hook is None
     seen: list[int] = []
 
     def hooks(scope: int) -> tuple:  # type: ignore[type-arg]
@@ -423,6 +423,7 @@ def test_the_enforcer_gives_every_broker_manager_its_shared_hooks() -> None:
     after = enforcer.manager(2)
     assert before.hook is not None and before.headroom_hook is not None
     assert after.hook is not None and after.headroom_hook is not None
+    assert before.pace_hook is not None and after.pace_hook is not None
     assert seen == [1, 2]
 
 
