@@ -158,7 +158,11 @@ class QuotaManager:
         # lookup on the hot path); both cleared on config change and at every expiry run, and
         # each when it reaches CACHE_LIMIT entries
         self._resolved: dict[tuple[QuotaType, str, str], Resolution] = {}
-        self._sensor_of: dict[tuple[QuotaType, str, str], Sensor] = {}
+        # (keyed by quota type, user, then client-id: no tuple to build on the hot path, and
+        # a connection's own user and client-id strings match by identity)
+        self._sensor_of: dict[QuotaType, dict[str, dict[str, Sensor]]] = {
+            qt: {} for qt in QuotaType}
+        self._sensor_entries = 0
         self.storage = StorageScaling() if storage is None else storage
 
     # The storage scaling's fields, as the manager's own (a replay sets them so).
@@ -203,7 +207,7 @@ class QuotaManager:
         self._by_type = {qt: settings.for_type(qt) for qt in QuotaType}
         self._strict = settings.pacing == STRICT
         self._resolved.clear()
-        self._sensor_of.clear()
+        self._forget_sensors()
         if reshape:
             self.sensors.clear()
             return
@@ -227,21 +231,24 @@ class QuotaManager:
 
     # ------------------------------------------------------------------ recording
     def sensor(self, quota_type: QuotaType, user: str, client_id: str, now_ms: int) -> Sensor:
-        who = (quota_type, user, client_id)
-        sensor = self._sensor_of.get(who)
-        if sensor is not None:
-            return sensor
+        by_user = self._sensor_of[quota_type].get(user)
+        if by_user is not None:
+            sensor = by_user.get(client_id)
+            if sensor is not None:
+                return sensor
         resolution = self.resolve(quota_type, user, client_id)
         key = (quota_type, resolution.tags)
         sensor = self.sensors.get(key)
         if sensor is None:
             sensor = self.sensors[key] = Sensor(
                 quota_type, resolution.tags,
-                SampledRate(self.settings.samples, self.settings.window_ms),
+                SampledRate(self.settings.samples, self.settings.window_ms,
+                            integral=quota_type is not QuotaType.REQUEST),  # (bytes)
                 resolution.limit, resolution.entity, now_ms)
-        if len(self._sensor_of) >= CACHE_LIMIT:
-            self._sensor_of.clear()
-        self._sensor_of[who] = sensor
+        if self._sensor_entries >= CACHE_LIMIT:
+            self._forget_sensors()
+        self._sensor_of[quota_type].setdefault(user, {})[client_id] = sensor
+        self._sensor_entries += 1
         return sensor
 
     def record(self, quota_type: QuotaType, user: str, client_id: str, value: float,
@@ -249,7 +256,8 @@ class QuotaManager:
         """Record ``value`` (bytes, or percent-of-thread for request quotas) and return the
         throttle time in ms. ``scale`` (produce): the storage scale in force when the request
         was read, when that is not the one in force now (``produce_scale``)."""
-        sensor = self._sensor_of.get((quota_type, user, client_id))
+        by_user = self._sensor_of[quota_type].get(user)
+        sensor = by_user.get(client_id) if by_user is not None else None
         if sensor is None:
             sensor = self.sensor(quota_type, user, client_id, now_ms)
         sensor.last_record_ms = now_ms
@@ -377,14 +385,19 @@ class QuotaManager:
         # resolves (``QuotaEnforcer.limits``) has no budget to expire, and the (user,
         # client-id) pairs it has seen are worth nothing once gone.
         self._resolved.clear()
-        self._sensor_of.clear()
+        self._forget_sensors()
         if len(idle) > len(self.sensors):  # (a dict never shrinks its table by itself)
             self.sensors = dict(self.sensors)
         return len(idle)
 
     def cache_entries(self) -> int:
         """Entries of the (quota type, user, client-id) caches (each at most CACHE_LIMIT)."""
-        return len(self._resolved) + len(self._sensor_of)
+        return len(self._resolved) + self._sensor_entries
+
+    def _forget_sensors(self) -> None:
+        for by_user in self._sensor_of.values():
+            by_user.clear()
+        self._sensor_entries = 0
 
     def __iter__(self) -> Iterator[Sensor]:
         return iter(self.sensors.values())

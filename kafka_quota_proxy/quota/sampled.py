@@ -18,6 +18,13 @@ purge at ``t`` would give, without purging, and never create the first sample: i
 read purges too, and moves the window starts a later record sees, so a throttle would depend on
 when the metrics were scraped. Here it depends only on what was recorded, and a replay of the
 recorded requests gives every throttle the proxy gave.
+
+Layout (``docs/performance.md``, the quota path with 100,000 budgets): one array of doubles
+per rate, ``(start, last event, value)`` for each of its ``samples + 1`` slots, made at once
+(times in ms are exact in a double); the oldest start is kept, recomputed only when a sample
+begins or is purged; a rate of integral values (bytes: ``integral=True``) keeps its sum as it
+goes, exact whatever the order (every partial sum is an integer below 2**53), where others
+(request time, a percentage) sum their samples in slot order, as Kafka does.
 """
 
 from __future__ import annotations
@@ -28,80 +35,100 @@ from kafka_quota_proxy.quota.throttle import rate_per_second
 
 
 class SampledRate:
-    __slots__ = ("_current", "_floor", "_last", "_starts", "_values", "samples", "window_ms")
+    __slots__ = ("_current", "_floor", "_integral", "_oldest", "_s", "_slots", "_total",
+                 "_used", "samples", "window_ms")
 
-    def __init__(self, samples: int, window_ms: int) -> None:
+    def __init__(self, samples: int, window_ms: int, integral: bool = False) -> None:
         if samples < 1 or window_ms < 1:
             raise ValueError("samples and window_ms must be positive")
         self.samples = samples
         self.window_ms = window_ms
-        # Compact arrays, not lists of boxed numbers: with 100,000 live budgets the per-record
-        # cost is mostly CPU cache misses, and this keeps one budget's samples together.
-        self._starts = array("q")
-        self._last = array("q")
-        self._values = array("d")
+        self._slots = samples + 1
+        # (start, last event, value) per slot, one block: with 100,000 live budgets the
+        # per-record cost is mostly CPU cache misses
+        self._s = array("d", bytes(24 * self._slots))
+        self._used = 0  # slots begun (Kafka's list of samples grows as they begin)
         self._current = 0
+        self._oldest = 0  # min(start) over the slots begun
         # At most the oldest last-event time: samples' last events only move forward, so while
         # ``now - _floor`` is under the purge age no sample can be due and the scan is skipped.
         self._floor = 0
+        self._integral = integral
+        self._total = 0.0  # (integral: the sum of the values)
 
-    def _ensure(self, now_ms: int) -> None:
-        if not self._starts:
-            self._starts.append(now_ms)
-            self._last.append(now_ms)
-            self._values.append(0.0)
-            self._floor = now_ms
+    def _begin(self, now_ms: int) -> None:
+        s = self._s
+        s[0] = s[1] = now_ms
+        s[2] = 0.0
+        self._used = 1
+        self._current = 0
+        self._oldest = self._floor = now_ms
+
+    def _advance(self, now_ms: int) -> int:
+        """Begin the next sample at ``now_ms``; its index into ``_s``."""
+        i = self._current = (self._current + 1) % self._slots
+        j = 3 * i
+        s = self._s
+        if i >= self._used:
+            self._used = i + 1
+        else:
+            self._total -= s[j + 2]
+        s[j] = s[j + 1] = now_ms
+        s[j + 2] = 0.0
+        self._oldest = int(min(s[0:3 * self._used:3]))
+        return j
 
     def record(self, value: float, now_ms: int) -> None:
-        if not self._starts:
-            self._ensure(now_ms)
-        i = self._current
-        if now_ms - self._starts[i] >= self.window_ms:
-            i = self._current = (i + 1) % (self.samples + 1)
-            if i >= len(self._starts):
-                self._starts.append(now_ms)
-                self._last.append(now_ms)
-                self._values.append(0.0)
-            else:
-                self._starts[i] = now_ms
-                self._last[i] = now_ms
-                self._values[i] = 0.0
-        self._values[i] += value
-        self._last[i] = now_ms
+        if not self._used:
+            self._begin(now_ms)
+        s = self._s
+        j = 3 * self._current
+        if now_ms - s[j] >= self.window_ms:
+            j = self._advance(now_ms)
+        s[j + 2] += value
+        s[j + 1] = now_ms
+        self._total += value
 
     def _purge(self, now_ms: int) -> None:
         expire = self.samples * self.window_ms
         if now_ms - self._floor < expire:
             return
-        last = self._last
-        for i in range(len(last)):
-            if now_ms - last[i] >= expire:
-                self._starts[i] = now_ms
-                last[i] = now_ms
-                self._values[i] = 0.0
-        self._floor = min(last)
+        s = self._s
+        end = 3 * self._used
+        for j in range(0, end, 3):
+            if now_ms - s[j + 1] >= expire:
+                self._total -= s[j + 2]
+                s[j] = s[j + 1] = now_ms
+                s[j + 2] = 0.0
+        self._floor = int(min(s[1:end:3]))
+        self._oldest = int(min(s[0:end:3]))
+
+    def _sum(self) -> float:
+        """The sum of the values, in slot order as Kafka sums them (integral: kept)."""
+        if self._integral:
+            return self._total
+        return sum(self._s[2:3 * self._used:3])
 
     def peek(self, now_ms: int) -> tuple[float, int]:
         """``(sum of the samples, W in ms)`` as the quota check at ``now_ms`` would see them,
         as if the samples due were purged then; changes nothing."""
-        starts = self._starts
-        if not starts:
+        if not self._used:
             elapsed = 0
             total = 0.0
         elif now_ms - self._floor >= self.samples * self.window_ms:
             expire = self.samples * self.window_ms
-            last, values = self._last, self._values
+            s = self._s
             oldest = now_ms
             total = 0.0
-            for i in range(len(starts)):
-                if now_ms - last[i] < expire:
-                    total += values[i]
-                    if starts[i] < oldest:
-                        oldest = starts[i]
+            for j in range(0, 3 * self._used, 3):
+                if now_ms - s[j + 1] < expire:
+                    total += s[j + 2]
+                    if s[j] < oldest:
+                        oldest = int(s[j])
             elapsed = now_ms - oldest
         else:
-            elapsed = now_ms - min(starts)
-            total = sum(self._values)
+            elapsed = now_ms - self._oldest
+            total = self._sum()
         full = elapsed // self.window_ms
         if full < self.samples - 1:
             elapsed += (self.samples - 1 - full) * self.window_ms
@@ -111,18 +138,19 @@ class SampledRate:
         """The samples with a value that a quota check at ``now_ms`` counts, as ``(start, last
         event, value)`` (what a process reports of a budget it shares: ``quota.shared``)."""
         expire = self.samples * self.window_ms
-        return [(s, last, v) for s, last, v in zip(self._starts, self._last, self._values,
-                                                   strict=True)
-                if v > 0.0 and now_ms - last < expire]
+        s = self._s
+        return [(int(s[j]), int(s[j + 1]), s[j + 2]) for j in range(0, 3 * self._used, 3)
+                if s[j + 2] > 0.0 and now_ms - s[j + 1] < expire]
 
     def oldest_start(self, now_ms: int) -> int:
         """``min(start)`` over the samples a quota check at ``now_ms`` keeps (one due for
         purging counts as reset at ``now_ms``); ``now_ms`` when there is none."""
         expire = self.samples * self.window_ms
+        s = self._s
         oldest = now_ms
-        for s, last in zip(self._starts, self._last, strict=True):
-            if now_ms - last < expire and s < oldest:
-                oldest = s
+        for j in range(0, 3 * self._used, 3):
+            if now_ms - s[j + 1] < expire and s[j] < oldest:
+                oldest = int(s[j])
         return oldest
 
     def window_size_ms(self, now_ms: int) -> int:
@@ -132,34 +160,27 @@ class SampledRate:
     def record_and_measure(self, value: float, now_ms: int) -> tuple[float, int]:
         """``record(value, now_ms)`` then ``measure(now_ms)``, in one call: the quota engine's
         per-request path, in the proxy and in every replay."""
-        starts = self._starts
-        if not starts:
-            self._ensure(now_ms)
+        if not self._used:
+            self._begin(now_ms)
+        s = self._s
         window_ms = self.window_ms
+        j = 3 * self._current
+        if now_ms - s[j] >= window_ms:
+            j = self._advance(now_ms)
+        s[j + 2] += value
+        s[j + 1] = now_ms
+        self._total += value
         samples = self.samples
-        i = self._current
-        if now_ms - starts[i] >= window_ms:
-            i = self._current = (i + 1) % (samples + 1)
-            if i >= len(starts):
-                starts.append(now_ms)
-                self._last.append(now_ms)
-                self._values.append(0.0)
-            else:
-                starts[i] = now_ms
-                self._last[i] = now_ms
-                self._values[i] = 0.0
-        values = self._values
-        values[i] += value
-        self._last[i] = now_ms
         if now_ms - self._floor >= samples * window_ms:
             self._purge(now_ms)
-        elapsed = now_ms - min(starts)
+        elapsed = now_ms - self._oldest
         full = elapsed // window_ms
         if full < samples - 1:
             elapsed += (samples - 1 - full) * window_ms
+        total = self._total if self._integral else sum(s[2:3 * self._used:3])
         if elapsed:
-            return sum(values) / (elapsed / 1000.0), elapsed
-        return rate_per_second(sum(values), 0), 0
+            return total / (elapsed / 1000.0), elapsed
+        return rate_per_second(total, 0), 0
 
     def measure(self, now_ms: int) -> tuple[float, int]:
         """``(rate per second, W in ms)`` at ``now_ms`` (a pure read: see the module's doc)."""
@@ -168,8 +189,8 @@ class SampledRate:
 
     def purge(self, now_ms: int) -> None:
         """Reset the samples due at ``now_ms``, as the quota check after a record does."""
-        if self._starts:
+        if self._used:
             self._purge(now_ms)
 
     def total(self) -> float:
-        return sum(self._values)
+        return self._sum()
