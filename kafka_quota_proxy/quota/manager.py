@@ -362,11 +362,7 @@ class QuotaManager:
                 # paced: read on while the values in flight would not be throttled (a
                 # sampled rate would let a backlog of seconds of quota in, each of its
                 # requests then throttled one after the other)
-                tolerance = (self.settings.samples - 1) * self.settings.window_ms
-                if self.pace_headroom_hook is not None:
-                    return self.pace_headroom_hook(sensor, now_ms, bound, tolerance)
-                return level_headroom(sensor.paced_until, sensor.in_flight, now_ms, bound,
-                                      tolerance)
+                return self._paced_headroom(sensor, now_ms, bound)
             if self.headroom_hook is not None and bound is not None:
                 return self.headroom_hook(sensor, now_ms, bound)
             return sensor.headroom(now_ms, bound)
@@ -374,6 +370,23 @@ class QuotaManager:
             return False
         return level_headroom(sensor.paced_until, sensor.in_flight, now_ms, bound,
                               self.settings.window_ms)
+
+    def fetch_headroom(self, user: str, client_id: str, now_ms: int) -> bool:
+        """Whether this client's fetch budget is within its quota now (a new connection's
+        first fetch waits until it is): its sampled rate below the bound, or, paced
+        strictly, its level within the tolerance (a budget paced seconds ahead may have a
+        sampled rate below the bound: a consumer reconnecting would otherwise get a fetch
+        through on each new connection)."""
+        sensor = self.sensor(QuotaType.FETCH, user, client_id, now_ms)
+        if self._strict and sensor.bound is not None:
+            return self._paced_headroom(sensor, now_ms, sensor.bound)
+        return sensor.headroom(now_ms)
+
+    def _paced_headroom(self, sensor: Sensor, now_ms: int, bound: float) -> bool:
+        tolerance = (self.settings.samples - 1) * self.settings.window_ms
+        if self.pace_headroom_hook is not None:
+            return self.pace_headroom_hook(sensor, now_ms, bound, tolerance)
+        return level_headroom(sensor.paced_until, sensor.in_flight, now_ms, bound, tolerance)
 
     def expire(self, now_ms: int) -> int:
         """Drop sensors with no record for ``idle_expiry_ms``; return how many."""

@@ -174,3 +174,28 @@ def test_idling_banks_no_more_than_the_first_windows_burst() -> None:
     assert burst == [fresh.record(QuotaType.PRODUCE, "u", "c", 2_000_000, later + i)
                      for i in range(20)]
     assert burst[4] == 0 and burst[5] > 0  # 10 s of quota at once, no more
+
+
+def test_a_budget_paced_ahead_holds_a_new_connections_first_request() -> None:
+    """A consumer's 50 MB fetch under 1 MB/s paces its budget 40 s past the tolerance; 15 s
+    later the sampled rate has forgotten it (a fresh budget's padded window, below the
+    bound), but strictly the budget is still 25 s ahead: a new connection's first fetch
+    waits (``fetch_headroom``), and a producer's pipelining stops (``produce_headroom``), as
+    the throttle says; under Kafka's maths both follow the sampled rate."""
+    settings = QuotaSettings(entities={EntityKey(None, DEFAULT): {
+        QuotaType.FETCH: QUOTA, QuotaType.PRODUCE: QUOTA}}, pacing="strict")
+    strict = QuotaManager(settings)
+    kafka = QuotaManager(QuotaSettings(entities=settings.entities))
+    for m in (strict, kafka):
+        m.record(QuotaType.FETCH, "", "reader", 50 * QUOTA, 0)
+        m.record(QuotaType.PRODUCE, "", "writer", 50 * QUOTA, 0)
+    later = 15_000
+    sampled = strict.sensor(QuotaType.FETCH, "", "reader", later).headroom(later)
+    assert sampled  # the samples of the fetch are gone
+    assert not strict.fetch_headroom("", "reader", later)
+    assert not strict.produce_headroom("", "writer", later)
+    assert kafka.fetch_headroom("", "reader", later) == sampled
+    assert kafka.produce_headroom("", "writer", later)
+    # once the level is back within the tolerance (50 s - 10 s), the budget may go on
+    assert strict.fetch_headroom("", "reader", 40_001)
+    assert strict.produce_headroom("", "writer", 40_001)

@@ -135,6 +135,9 @@ class QuotaFilter(Filter):
             if manager.produce_headroom(client.user, client_id, now):
                 return 0
             bound = manager.produce_bound(bound, client.user, client_id)
+        elif quota_type is QuotaType.FETCH:
+            if manager.fetch_headroom(client.user, client_id, now):
+                return 0
         elif sensor.headroom(now):
             return 0
         rate, window = sensor.rate.measure(now)
