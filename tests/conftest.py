@@ -18,6 +18,7 @@ LONGEST_FIRST = (
     "tests/e2e/test_capture.py",
     "tests/e2e/test_shared_quotas.py",
     "tests/e2e/test_strict_pacing.py",
+    "tests/e2e/test_strict_pacing_shared.py",
     "tests/e2e/test_forged_records.py",
     "tests/e2e/test_install.py",
     "tests/e2e/test_shadow_quotas.py",

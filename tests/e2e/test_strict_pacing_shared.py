@@ -1,0 +1,63 @@
+"""Strict pacing over a budget shared by two proxy instances (``coordination``; README
+"Strict pacing"): every process paces the whole budget's level, raised by the others' usage
+reports as they arrive, so 8 librdkafka producers at their defaults, 4 through each instance,
+get the quota within 5 % where each instance pacing alone would let them through at twice it."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from kafka_quota_proxy.demo.embedded_broker import TansuBroker
+from testkit.e2e import ProxyProcess, new_topic
+from testkit.pacing import Traffic, produce, quotas_yaml
+
+pytestmark = pytest.mark.e2e
+
+QUOTA = 1_000_000  # bytes/s
+RUN_S = 70.0
+MEASURE_S = 40.0  # whole throttle cycles over at least this long, after the first window
+
+
+SHARED_PRODUCERS = 8
+
+
+def test_strict_pacing_holds_a_budget_shared_by_two_instances(tansu: TansuBroker) -> None:
+    """One budget (client-id ``greedy-producer``) shared by two proxy instances
+    (``coordination``, the usage topic on tansu): 8 librdkafka producers at their defaults
+    (1 MB batches), 4 through each instance. Each instance alone would let its 4 through at
+    the quota (2x together); every process pacing the whole budget's level holds the 8 to the
+    quota within 5 %."""
+    shared = "coordination: {{enabled: true, instance: \"{name}\", report_ms: 250}}\n"
+    proxies = [ProxyProcess(tansu.bootstrap, log_level="info",
+                            extra_yaml=quotas_yaml("strict", QUOTA)
+                            + shared.format(name=name)).start()
+               for name in ("east", "west")]
+    produced = Traffic()
+    try:
+        for p in proxies:
+            p.wait_broker_listener(111)
+        sink = new_topic(proxies[0].bootstrap, "paced-shared", partitions=SHARED_PRODUCERS)
+        start = time.monotonic()
+        threads = [threading.Thread(target=produce, args=(
+            proxies[i % 2].bootstrap, sink, start, RUN_S, produced)) for i in range(
+                SHARED_PRODUCERS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(RUN_S + 60)
+        metrics = [p.metrics() for p in proxies]
+    finally:
+        for p in proxies:
+            p.stop()
+    assert not produced.errors, produced.errors[:3]
+    ratio = produced.cycles(QUOTA, MEASURE_S)
+    print(f"\n{SHARED_PRODUCERS} producers over two instances, strict: {ratio:.3f} x quota")
+    assert ratio == pytest.approx(1.0, abs=0.05)
+    # both instances throttled, and each read the other's reports
+    for m in metrics:
+        assert m['kafka_proxy_quota_throttled_requests_total{quota="produce"}'] > 0
+        assert sum(v for k, v in m.items()
+                   if k.startswith("kafka_proxy_shared_quota_reports_read_total")) > 10
