@@ -727,14 +727,15 @@ def format_report(result: BenchResult) -> str:
               f"linger.ms=0, acks=1, 1 in flight, {s.latency_seconds:.0f} s per path "
               "(produce() -> delivery report)"]
     lines.append(f"  {'path':<12} {'n':>6} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8} "
-                 f"{'max ms':>8} {'p50/direct':>11} {'p99/direct':>11}")
+                 f"{'max ms':>8} {'p50/direct':>11} {'p99/direct':>11} {'p99 added ms':>13}")
     base = next((lat for lat in result.latency if lat.path == DIRECT), None)
     for lat in result.latency:
         r50 = lat.p50_ms / base.p50_ms if base else None
         r99 = lat.p99_ms / base.p99_ms if base else None
+        added = lat.p99_ms - base.p99_ms if base else None
         lines.append(f"  {lat.path:<12} {lat.samples:>6} {lat.p50_ms:>8.3f} {lat.p99_ms:>8.3f} "
                      f"{lat.mean_ms:>8.3f} {lat.max_ms:>8.3f} {_fmt(r50, '.2f'):>11} "
-                     f"{_fmt(r99, '.2f'):>11}")
+                     f"{_fmt(r99, '.2f'):>11} {_fmt(added, '+.3f'):>13}")
 
     lines += ["", "proxy process CPU (user+sys) per GB forwarded, median over rounds"]
     lines.append(f"  {'path':<12} {'produce s/GB':>13} {'fetch s/GB':>11}")
@@ -807,6 +808,11 @@ def parse_args(argv: list[str] | None) -> Settings:
     parser.add_argument("--messages", type=int, help="messages per workload (200000)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke check: 2 rounds of 50000 messages, 2 s latency per path")
+    parser.add_argument("--latency-rate", type=float,
+                        help="messages per second of the latency workload (500; issue 31's "
+                        "target is at 50000)")
+    parser.add_argument("--latency-seconds", type=float,
+                        help="seconds of the latency workload per path (5)")
     parser.add_argument("--profile", action="store_true",
                         help="record the proxy with py-spy during extra, unscored rounds "
                         "(produce and fetch profiled apart)")
@@ -820,6 +826,10 @@ def parse_args(argv: list[str] | None) -> Settings:
         overrides["rounds"] = args.rounds
     if args.messages is not None:
         overrides["messages"] = args.messages
+    if args.latency_rate is not None:
+        overrides["latency_rate"] = args.latency_rate
+    if args.latency_seconds is not None:
+        overrides["latency_seconds"] = args.latency_seconds
     settings = Settings.quick_mode(**overrides) if args.quick else Settings(**overrides)
     if settings.rounds < 1 or settings.messages < 1:
         parser.error("--rounds and --messages must be at least 1")
