@@ -5,7 +5,7 @@ standalone cluster of N one-core workers started for the run (``--workers N``,
 Target: <= 60 s per 10 M requests in local mode.
 
 Run: python bench/replay_bench.py [--requests N] [--instances I] [--master local[2]]
-     [--workers N]
+     [--workers N] [--capture DIR] [--out DIR]
 """
 
 from __future__ import annotations
@@ -40,15 +40,25 @@ def main(argv: list[str] | None = None) -> int:
                         help="start a standalone cluster of this many one-core workers and "
                         "run on it (instead of --master)")
     parser.add_argument("--worker-memory", default="4g")
+    parser.add_argument("--capture", type=Path,
+                        help="the capture to read: generated there first when the directory "
+                        "does not exist, reused as it is when it does (to time several runs, "
+                        "or two versions of the code, on one capture)")
+    parser.add_argument("--out", type=Path,
+                        help="where the jobs write their report (kept; default: a temporary "
+                        "directory)")
     args = parser.parse_args(argv)
     load = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
-        capture = Path(tmp) / "capture"
-        t = time.monotonic()
-        generate(capture, args.requests, args.entities, 6, instances=args.instances)
-        print(f"synthetic capture: {args.requests} requests, {args.entities} client-ids, "
-              f"6 brokers, {args.instances} instance(s) ({time.monotonic() - t:.1f} s to "
-              "generate)", flush=True)
+        capture = args.capture or Path(tmp) / "capture"
+        if capture.exists():
+            print(f"capture: {capture} (as it is)", flush=True)
+        else:
+            t = time.monotonic()
+            generate(capture, args.requests, args.entities, 6, instances=args.instances)
+            print(f"synthetic capture: {args.requests} requests, {args.entities} client-ids, "
+                  f"6 brokers, {args.instances} instance(s) ({time.monotonic() - t:.1f} s to "
+                  "generate)", flush=True)
         cluster = None
         master = args.master
         if args.workers:
@@ -64,12 +74,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             load = os.getloadavg()
             t = time.monotonic()
-            facts = run(capture, Path(tmp) / "out", CANDIDATE, master=master, tune=True)
+            facts = run(capture, args.out or Path(tmp) / "out", CANDIDATE, master=master, tune=True)
             elapsed = time.monotonic() - t
         finally:
             if cluster is not None:
                 cluster.stop()
-    per_10m = elapsed * 10_000_000 / args.requests
+    per_10m = elapsed * 10_000_000 / facts["requests"]
     where = f"{args.workers} worker(s)" if args.workers else master
     ok = per_10m <= TARGET_S
     print(f"profile + replay + tune + report on {where}: {elapsed:.1f} s, "
@@ -80,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(__file__).parent / "results"
     out.mkdir(exist_ok=True)
     (out / f"replay_bench-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(
-        json.dumps({"requests": args.requests, "instances": args.instances,
+        json.dumps({"requests": facts["requests"], "instances": args.instances,
                     "master": master, "workers": args.workers, "seconds": elapsed,
                     "seconds_per_10m": per_10m, "load_before": load, "facts": facts},
                    indent=2, default=str))
