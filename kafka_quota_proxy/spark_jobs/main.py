@@ -45,7 +45,7 @@ from kafka_quota_proxy.spark_jobs.replay import (
     single_point,
     throttle_histogram,
 )
-from kafka_quota_proxy.spark_jobs.session import small_splits, spark_session
+from kafka_quota_proxy.spark_jobs.session import spark_session
 from kafka_quota_proxy.spark_jobs.tune import (
     KEYS,
     Recommendation,
@@ -87,11 +87,6 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
     live = read_live_configs(capture_dir)
     storage = read_storage_settings(capture_dir)
     names = name_counts(captures).cache()  # one pass over the capture for its names
-    # (passes whose results do not depend on how the capture is split read it in small
-    # splits, ``session.small_splits``: every core busy to the end of the scan. Not the
-    # clock offsets of the process spans: their medians are approximate)
-    with small_splits(spark):
-        names.count()
     spans = process_spans(captures, names)  # per process: requests, first, last, clock offset
     start_s, end_s = whole_minutes(int(spans["first_ms"].min()), int(spans["last_ms"].max()),
                                    options.span_seconds)
@@ -108,14 +103,12 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
     if live:
         reproduction = replay_summary(captures, live=live, catalog=catalog,
                                       storage=storage).cache()
-        with small_splits(spark):
-            matched, total = match_rate(reproduction)
+        matched, total = match_rate(reproduction)
         facts["reproduction match"] = f"{matched}/{total} ({matched / max(total, 1):.4%})"
         facts["match_rate"] = matched / max(total, 1)
         phase("reproduction replay")
 
-    with small_splits(spark):
-        multi = _multi_process(captures, spans, candidate, live, catalog, storage)
+    multi = _multi_process(captures, spans, candidate, live, catalog, storage)
     if multi is not None:
         instances = multi.processes["instance"].replace("", None).nunique()
         facts["multi-process capture"] = (
@@ -144,11 +137,10 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
         # back (``tune.offered_load``), per budget and second, not the recorded bursts.
         # (Spark orders each client's requests; its segments, one row per stretch of a
         # client's traffic, are few, and the rest is tune's own pandas)
-        with small_splits(spark):
-            segments = _pandas(offered_segments(
-                demand_requests(captures, sorted(set(mapping["quota_type"]))),
-                catalog.run_frame, catalog.entity_frame, options.idle_seconds * 1000.0,
-                options.measure_seconds * 1000.0))
+        segments = _pandas(offered_segments(
+            demand_requests(captures, sorted(set(mapping["quota_type"]))),
+            catalog.run_frame, catalog.entity_frame, options.idle_seconds * 1000.0,
+            options.measure_seconds * 1000.0))
         demand = offered_demand(offered_intervals(segments, mapping), start_s, end_s,
                                 options.percentile, options.span_seconds)
         recommendation = retune(base or {}, demand, pairs, options, minutes)
@@ -169,8 +161,7 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
     if chosen is not None:
         summary = replay_summary(captures, candidate=chosen, catalog=catalog,
                                  storage=storage).cache()
-        with small_splits(spark):  # (the first read of ``summary`` caches it)
-            totals_pd = _pandas(entity_totals(summary))
+        totals_pd = _pandas(entity_totals(summary))
         totals_pd.to_csv(out / "replay.csv", index=False)
         histogram = _pandas(throttle_histogram(summary))
         phase("replay")

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from pyspark.sql import SparkSession
 
@@ -38,27 +36,3 @@ def spark_session(master: str | None = None, app: str = "kafka-quota-proxy") -> 
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
-
-
-SPLITS_PER_CORE = 5  # (``small_splits``)
-
-
-@contextmanager
-def small_splits(spark: SparkSession, per_core: int = SPLITS_PER_CORE) -> Iterator[None]:
-    """The capture's scans, while inside, in about ``per_core`` tasks per core instead of
-    one or two (Spark's default for a few files: a 10 M request capture of five files is
-    read in 3 tasks, 2, 2 and 1 files, so that on 2 cores the last runs alone for a third of
-    the scan). Only for passes whose results do not depend on how the capture is split (the
-    names, the replays and the offered load: counts, extremes, and groups sorted in full by
-    Python): the profile's approximate percentiles and floating-point sums follow Spark's
-    partial aggregates, one per scan task."""
-    key = "spark.sql.files.minPartitionNum"
-    before = spark.conf.get(key, None)
-    spark.conf.set(key, str(per_core * spark.sparkContext.defaultParallelism))
-    try:
-        yield
-    finally:
-        if before is None:
-            spark.conf.unset(key)
-        else:
-            spark.conf.set(key, before)

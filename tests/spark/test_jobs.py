@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
 from kafka_quota_proxy.quota.replay import Recorded, replay, settings_from_section
-from kafka_quota_proxy.spark_jobs.capture import read_capture
 from kafka_quota_proxy.spark_jobs.held import held_seconds
 from kafka_quota_proxy.spark_jobs.profile import entity_profile, per_interval
 from kafka_quota_proxy.spark_jobs.replay import (
@@ -23,9 +20,7 @@ from kafka_quota_proxy.spark_jobs.replay import (
     replay_summary,
     throttle_histogram,
 )
-from kafka_quota_proxy.spark_jobs.session import small_splits
 from kafka_quota_proxy.spark_jobs.tune import TuneOptions, recommend
-from testkit.synth_capture import generate
 
 COLUMNS = ["run", "seq", "ts_ms", "quota_ms", "connection", "broker", "user", "client_id",
            "client_address", "api_key", "api_version", "request_bytes", "response_bytes",
@@ -169,37 +164,3 @@ def test_a_quota_is_drawn_as_steps_at_each_generation() -> None:
     line = QuotaLine("live", [(990.0, 1e6), (1030.0, 2e6), (1100.0, 3e6)])
     assert line.steps(1000, 1060) == ([0.0, 30.0, 60.0], [1e6, 2e6, 2e6])
     assert QuotaLine("x", [(0.0, 5.0)]).steps(1000, 1010) == ([0.0, 10.0], [5.0, 5.0])
-
-
-def test_small_splits_read_a_few_files_in_more_tasks_and_then_as_before(
-        spark: SparkSession, tmp_path: Path) -> None:
-    """``small_splits``: a capture of a few files is read in about five tasks per core inside
-    (here 2 files of 2 row groups each: one task per row group), as Spark splits it outside;
-    the replay is the same either way."""
-    generate(tmp_path, 40_000, 50, 2)
-    (path,) = tmp_path.glob("capture-*.parquet")
-    table = pq.read_table(path)
-    path.unlink()
-    half = len(table) // 2
-    for part, rows in enumerate((table.slice(0, half), table.slice(half))):
-        pq.write_table(rows, tmp_path / f"capture-synthetic-0-{part:05d}.parquet",
-                       row_group_size=(len(rows) + 1) // 2)
-    # (Spark splits no finer than its cost of opening a file, 4 MB: this capture is small)
-    spark.conf.set("spark.sql.files.openCostInBytes", str(16 * 1024))
-    try:
-        captures = read_capture(spark, tmp_path)
-        outside = captures.rdd.getNumPartitions()
-        section = {"entities": [{"client-id": "<default>", "producer_byte_rate": 20_000}]}
-        before = entity_totals(replay_summary(captures, candidate=section)).toPandas()
-        with small_splits(spark):
-            inside = read_capture(spark, tmp_path).rdd.getNumPartitions()
-            after = entity_totals(replay_summary(captures, candidate=section)).toPandas()
-        assert inside > outside and inside >= 2 * spark.sparkContext.defaultParallelism
-        assert read_capture(spark, tmp_path).rdd.getNumPartitions() == outside
-        assert spark.conf.get("spark.sql.files.minPartitionNum", None) is None
-    finally:
-        spark.conf.unset("spark.sql.files.openCostInBytes")
-    key = ["user", "client_id"]
-    pd.testing.assert_frame_equal(before.sort_values(key).reset_index(drop=True),
-                                  after.sort_values(key).reset_index(drop=True))
-    assert before["throttled_requests"].sum() > 0
