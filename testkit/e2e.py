@@ -125,7 +125,11 @@ logging:
 
     def wait_broker_listener(self, node_id: int, timeout: float = 20) -> int:
         port = self.broker_port(node_id)
-        wait_for_port("127.0.0.1", port, timeout)
+        try:
+            wait_for_port("127.0.0.1", port, timeout)
+        except TimeoutError:  # (stopped here: a test failing on it must not leave it running)
+            self.stop()
+            raise
         return port
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int | None:

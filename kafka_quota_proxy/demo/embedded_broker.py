@@ -40,12 +40,24 @@ def free_port(host: str = "127.0.0.1", outside: tuple[int, int] | None = None) -
             return port
 
 
+def _ephemeral_low() -> int:
+    """The first port the kernel hands out to outgoing connections (Linux; 32768 elsewhere)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port_range(size: int, host: str = "127.0.0.1") -> tuple[int, int]:
-    """``(first, last)`` of ``size`` consecutive ports that are all free right now."""
+    """``(first, last)`` of ``size`` consecutive ports that are all free right now, below the
+    kernel's ephemeral range where there is room (a port in that range can be taken at any
+    moment by any outgoing connection, the proxy's own included, before the proxy binds it)."""
     import random
 
+    top = _ephemeral_low() - 1 if _ephemeral_low() - size > 20000 else 60000
     for _ in range(200):
-        first = random.randint(20000, 60000 - size)
+        first = random.randint(20000, top - size + 1)
         try:
             for port in range(first, first + size):
                 with socket.socket() as s:
