@@ -310,7 +310,7 @@ class QuotaManager:
         tolerance = (settings.samples - 1) * settings.window_ms
         if self.pace_hook is not None:
             return self.pace_hook(sensor, value, now_ms, bound, tolerance)
-        return pace(sensor, value, now_ms, bound, tolerance)
+        return pace_sensor(sensor, value, now_ms, bound, tolerance)
 
     def _paced_throttle(self, sensor: Sensor, value: float, now_ms: int, scale: float) -> int:
         """The throttle of a produce budget while storage scaling applies to it.
@@ -338,7 +338,7 @@ class QuotaManager:
             if paced is None or paced < now_ms:
                 sensor.paced_until = now_ms
             return 0
-        return pace(sensor, value, now_ms, bound, self.settings.window_ms)
+        return pace_sensor(sensor, value, now_ms, bound, self.settings.window_ms)
 
     def storage_exempt(self, user: str, client_id: str) -> bool:
         return self.storage.exempt(user, client_id)
@@ -416,7 +416,8 @@ class QuotaManager:
         return iter(self.sensors.values())
 
 
-def pace(sensor: Sensor, value: float, now_ms: int, bound: float, tolerance_ms: int) -> int:
+def pace_sensor(sensor: Sensor, value: float, now_ms: int, bound: float,
+                tolerance_ms: int) -> int:
     """Pacing (a generic cell rate algorithm): ``value`` paid for at ``bound`` (> 0), the
     budget paced up to ``max(paced_until, now) + value / bound``; the throttle is what lies
     beyond ``tolerance_ms`` from now (counted in the sensor)."""

@@ -53,7 +53,7 @@ from kafka_quota_proxy.quota.manager import (
     QuotaSettings,
     Sensor,
     level_headroom,
-    pace,
+    pace_sensor,
     paced_throttle,
 )
 from kafka_quota_proxy.quota.sampled import SampledRate
@@ -775,7 +775,7 @@ class SharedBudgets:
              tolerance_ms: int) -> int:
         """The throttle of a value recorded into a strictly paced budget (the class's doc)."""
         if not self.coordinate:
-            return pace(sensor, value, now_ms, bound, tolerance_ms)
+            return pace_sensor(sensor, value, now_ms, bound, tolerance_ms)
         key = (broker, sensor.quota_type, *sensor.tags)
         self._own_use(key, value, now_ms)
         level, throttle = paced_throttle(self._levels.get(key), value, now_ms, bound,
@@ -784,8 +784,8 @@ class SharedBudgets:
         remote = self.remote
         if remote.fallback(now_ms):  # (the level still learns of its own values)
             self.fallback_checks += 1
-            return pace(sensor, value, now_ms, fallback_bound(bound, remote.fallback_processes),
-                        tolerance_ms)
+            share = fallback_bound(bound, remote.fallback_processes)
+            return pace_sensor(sensor, value, now_ms, share, tolerance_ms)
         if throttle:
             sensor.throttled_requests += 1
             sensor.throttle_ms_total += throttle
