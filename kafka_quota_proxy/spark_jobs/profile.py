@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import cast
 
+import numpy as np
 import pandas as pd
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -198,18 +199,39 @@ def offered_segments(requests: DataFrame, runs: DataFrame, entities: DataFrame,
     whole clients (per run, broker and group of connections), each estimated by
     ``tune.offered_load`` itself in the Python workers, so the two cannot differ."""
 
+    # Packed for the trip to the Python workers (as the replay's columns are:
+    # ``replay.packed``): one exact key per group, run (its index among the capture's runs)
+    # << 40 | broker (32 bits) << 4 | group of connections; the hold and the quota type in
+    # one number; ``at_ms`` is ``read_ms``, or ``resp_ms`` for a fetch.
+    order = sorted(int(r[0]) for r in runs.select("run_id").collect())
+    index = F.create_map(*[F.lit(x) for i, run_id in enumerate(order) for x in (run_id, i)])
+    key = (index[F.col("run_id")].cast("long") * (1 << 40)
+           + F.col("broker").cast("long").bitwiseAND(0xFFFFFFFF) * 16
+           + F.pmod(F.col("connection"), F.lit(CLIENT_GROUPS)))
+    flags = F.col("held_ms").cast("long") * 4 + F.col("kind")
+    run_ids = np.asarray(order, dtype=np.int64)
+
     def per_group(pdf: pd.DataFrame) -> pd.DataFrame:
+        k = pdf["key"].to_numpy()
+        f = pdf["flags"].to_numpy()
+        kind = f & 3
+        read, resp = pdf["read_ms"].to_numpy(), pdf["resp_ms"].to_numpy()
         # the client's names as numbers: tune groups by them and moves them through
-        rows = pdf.rename(columns={"kind": "quota_type", "run_id": "run", "entity": "user"})
-        rows["client_id"] = 0
-        out = offered_load(rows.drop(columns="group"), idle_ms, min_ms)
+        rows = pd.DataFrame({
+            "quota_type": kind.astype(np.int32), "value": pdf["value"].to_numpy(),
+            "at_ms": np.where(kind == 1, resp, read),
+            "run": run_ids[k >> 40] if len(k) else np.zeros(0, dtype=np.int64),
+            "broker": ((k >> 4) & 0xFFFFFFFF).astype(np.uint32).view(np.int32),
+            "connection": pdf["connection"].to_numpy(), "user": pdf["entity"].to_numpy(),
+            "seq": pdf["seq"].to_numpy(), "read_ms": read, "resp_ms": resp,
+            "held_ms": (f >> 2).astype(np.float64), "client_id": 0})
+        out = offered_load(rows, idle_ms, min_ms)
         return out.drop(columns="client_id").rename(
             columns={"quota_type": "kind", "run": "run_id", "user": "entity"})
 
-    # one long key per group (Spark then sorts the rows into groups with a radix sort)
-    group = F.xxhash64("run_id", "broker", F.pmod(F.col("connection"), F.lit(CLIENT_GROUPS)))
-    out = requests.select("*", group.alias("group")).groupBy("group").applyInPandas(
-        per_group, SEGMENTS)
+    out = (requests.select(key.alias("key"), "connection", "entity", "seq", "read_ms",
+                           "resp_ms", "value", flags.alias("flags"))
+           .groupBy("key").applyInPandas(per_group, SEGMENTS))
     kinds = F.array(*[F.lit(t) for t in QUOTA_TYPES])
     return (out.withColumn("quota_type", kinds[F.col("kind")])
             .join(F.broadcast(runs), "run_id").join(F.broadcast(entities), "entity")

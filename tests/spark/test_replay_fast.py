@@ -10,10 +10,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from kafka_quota_proxy.quota.manager import QuotaManager
 from kafka_quota_proxy.quota.replay import expiry_times, replay_rows, settings_from_section
-from kafka_quota_proxy.spark_jobs.replay import Names, _each_group, _may_throttle, _run_engine
+from kafka_quota_proxy.spark_jobs.replay import (
+    BUCKETS,
+    Names,
+    _may_throttle,
+    _run_engine,
+    packed,
+    unpacked,
+)
 
 RUN = "r-1"
 RUN_ID = 7
@@ -130,21 +139,58 @@ def test_the_idle_expiry_runs_when_a_replay_of_every_request_runs_it(
     assert calls == [60_000, 130_000, 190_000, 4_000_000]
 
 
-def test_groups_whose_keys_collide_are_replayed_apart() -> None:
-    """Two (run, broker) groups that arrive under one key (a hash collision) are replayed
-    each on its own: each gets what it gets alone."""
-    a, names = group(1, n=500)
-    b, _ = group(2, n=500)
-    b = b.assign(broker=2, seq=b["seq"] + 10_000)
-    both = pd.concat([a, b]).assign(group=42)
-    settings = settings_from_section(CONFIGS["client-ids"])
+def test_the_columns_cross_to_python_packed_and_come_back_as_they_were(
+        spark: SparkSession) -> None:
+    """``packed`` folds the replay's columns into few numbers for the trip to the Python
+    workers and ``unpacked`` gives every value back: brokers -1 and up to 2**31 - 1, no
+    response (-1), api keys, followers, generations, throttles up to 2**31 - 1, several runs,
+    request time and storage scale when they travel (0 and -1 when they do not)."""
+    rows = []
+    for i, (broker, response, throttle) in enumerate(
+            [(-1, -1, 0), (0, 54, 1), (2**31 - 1, 2**31 - 1, 2**31 - 1), (7, 0, 123_456)]):
+        for run in ("run-b", "run-a"):
+            rows.append((run, i, 1000 + i, broker, "u", f"c{i}", i % 3, 2**31 - 1 - i,
+                         response, 0.25 * i, i % 2 == 1, 5 * i, throttle, i, throttle // 2,
+                         None if i % 2 else 0.5))
+    frame = spark.createDataFrame(rows, (
+        "run string, seq long, quota_ms long, broker int, user string, client_id string, "
+        "api_key short, request_bytes int, response_bytes int, request_time_ms double, "
+        "follower boolean, quota_generation int, throttle_produce_ms int, "
+        "throttle_fetch_ms int, throttle_request_ms int, storage_scale double"))
+    names = Names({11: "run-a", 22: "run-b"}, {})
+    requests = settings_from_section({"entities": [
+        {"client-id": "<default>", "request_percentage": 5}]})
+    for configs, storage in (([requests], True), ([settings_from_section(
+            CONFIGS["client-ids"])], False)):
+        if not storage:
+            frame = frame.where(F.col("storage_scale").isNull())
+        got = unpacked(frame.select(*packed(configs, storage, names)).toPandas(), names)
+        want = frame.toPandas().assign(
+            run_id=lambda d: d["run"].map({"run-a": 11, "run-b": 22}))
+        got = got.sort_values(["run_id", "seq"]).reset_index(drop=True)
+        want = want.sort_values(["run_id", "seq"]).reset_index(drop=True)
+        assert len(got) == len(want) > 0
+        for column in ("run_id", "seq", "quota_ms", "broker", "api_key", "request_bytes",
+                       "response_bytes", "follower", "quota_generation", "throttle_produce_ms",
+                       "throttle_fetch_ms", "throttle_request_ms"):
+            assert got[column].tolist() == want[column].tolist(), column
+        assert got["bucket"].between(0, BUCKETS - 1).all()
+        if storage:
+            assert got["request_time_ms"].tolist() == want["request_time_ms"].tolist()
+            assert got["storage_scale"].tolist() == want["storage_scale"].fillna(-1.0).tolist()
+        else:
+            assert (got["request_time_ms"] == 0.0).all() and (got["storage_scale"] == -1).all()
 
-    def one(pdf: pd.DataFrame) -> pd.DataFrame:
-        _, p, f, q = _run_engine(pdf, settings, {}, names, {})
-        return pd.DataFrame({"seq": pdf.sort_values(["quota_ms", "seq"])["seq"].to_numpy(),
-                             "p": p, "f": f, "q": q})
 
-    got = _each_group(both, one).sort_values("seq").reset_index(drop=True)
-    alone = pd.concat([one(a), one(b)]).sort_values("seq").reset_index(drop=True)
-    pd.testing.assert_frame_equal(got, alone)
-    assert got["p"].gt(0).any()
+def test_a_request_under_a_storage_factor_fails_a_replay_without_storage_settings(
+        spark: SparkSession) -> None:
+    frame = spark.createDataFrame(
+        [("r", 1, 1, 1, "u", "c", 0, 100, 54, 0.0, False, 0, 0, 0, 0, 0.5)],
+        "run string, seq long, quota_ms long, broker int, user string, client_id string, "
+        "api_key short, request_bytes int, response_bytes int, request_time_ms double, "
+        "follower boolean, quota_generation int, throttle_produce_ms int, "
+        "throttle_fetch_ms int, throttle_request_ms int, storage_scale double")
+    names = Names({1: "r"}, {})
+    configs = [settings_from_section(CONFIGS["client-ids"])]
+    with pytest.raises(Exception, match="storage_scale but no storage settings"):
+        frame.select(*packed(configs, False, names)).collect()

@@ -125,6 +125,15 @@ def test_the_spark_offered_load_is_the_pandas_one(spark: SparkSession, tmp_path:
     pd.testing.assert_frame_equal(segments.sort_values(order).reset_index(drop=True),
                                   expected.sort_values(order).reset_index(drop=True),
                                   check_dtype=False)
+    # request time too (what crosses to the Python workers is packed: every quota type)
+    with_requests = profile.offered_segments(
+        profile.demand_requests(captures, [*types, "request"]), catalog.run_frame,
+        catalog.entity_frame).toPandas()
+    expected_all = tune.offered_load(tune.demand_requests(rows, [*types, "request"]))
+    assert set(expected_all["quota_type"]) == {"fetch", "produce", "request"}
+    pd.testing.assert_frame_equal(with_requests.sort_values(order).reset_index(drop=True),
+                                  expected_all.sort_values(order).reset_index(drop=True),
+                                  check_dtype=False)
     got = tune.offered_demand(tune.offered_intervals(segments, mapping), start, end, 0.99, 10)
     demand = {(r.quota_type, r.budget_user): r.demand for r in got.itertuples()}
     for qt, user, offered in (("produce", "alice", truth(clients[0], 60)),
