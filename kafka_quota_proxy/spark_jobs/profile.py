@@ -76,10 +76,18 @@ def entity_profile(captures: DataFrame, names: DataFrame | None = None,
         keys = ["user", "client_id"]
         sec = per_interval(captures, 1).cache()
     else:
-        keys = ["entity"]
         if sec is None:
             sec = _per_interval(captures, [F.xxhash64("user", "client_id").alias("entity")],
                                 1).cache()
+        profile = sec.select("entity", "broker", "interval", "requests", *RATES).groupBy(
+            F.pmod(F.col("entity"), F.lit(PROFILE_GROUPS)).alias("group")).applyInPandas(
+            per_second_profile, PROFILE)
+        profile = profile.withColumn(
+            "request_time_share", F.col("busy") / F.sum("busy").over(_everything())
+        ).drop("busy")
+        return (profile.join(F.broadcast(names), "entity")
+                .select("user", "client_id", *[c for c in profile.columns if c != "entity"]))
+    keys = ["user", "client_id"]
     minute = sec.groupBy(
         *keys, "broker", (F.col("interval") / 60).cast("long").alias("minute")
     ).agg(
@@ -104,13 +112,55 @@ def entity_profile(captures: DataFrame, names: DataFrame | None = None,
                 f"{name}_p{int(q * 100)}", F.col(f"{name}_pct")[i])
         per_second = per_second.drop(f"{name}_pct")
     all_busy = F.sum("busy").over(_everything())
-    profile = (per_second.join(minute, keys)
-               .withColumn("request_time_share", F.col("busy") / all_busy)
-               .drop("busy"))
-    if names is None:
-        return profile
-    return (profile.join(F.broadcast(names), "entity")
-            .select("user", "client_id", *[c for c in profile.columns if c != "entity"]))
+    return (per_second.join(minute, keys)
+            .withColumn("request_time_share", F.col("busy") / all_busy)
+            .drop("busy"))
+
+
+RATES = ("produce_rate", "fetch_rate", "request_percentage")
+PROFILE_GROUPS = 32  # groups of entities the per-second profile is computed in
+PROFILE = ", ".join([
+    "entity long", "requests long", "produce_bytes double", "fetch_bytes double",
+    *[f"{name}_max double" for name in RATES],
+    *[f"{name}_p{int(q * 100)} double" for name in RATES for q in PERCENTILES],
+    "produce_rate_minute_max double", "fetch_rate_minute_max double", "busy double"])
+
+
+def per_second_profile(pdf: pd.DataFrame) -> pd.DataFrame:
+    """``entity_profile``'s per-entity figures from its per-second rows (``entity_seconds``:
+    entity, broker, interval, requests and ``RATES``) of whole entities: in pandas, in the
+    Python workers, where Spark's partial aggregates cost more to build and merge. The
+    percentiles are exact: of the ``n`` per-second values in order, the one at rank
+    ``ceil(q x n)``, what ``percentile_approx`` gives with its error at zero, so a profile
+    does not depend on how the rows were split."""
+    if pdf.empty:
+        return pd.DataFrame(columns=[c.split()[0] for c in PROFILE.split(", ")])
+    codes, entities = pd.factorize(pdf["entity"], sort=True)
+    n = np.bincount(codes)
+    starts = np.r_[0, np.cumsum(n)[:-1]]
+    out: dict[str, object] = {"entity": entities.to_numpy()}
+    out["requests"] = np.bincount(codes, pdf["requests"].to_numpy()).astype(np.int64)
+    for name, total in (("produce_rate", "produce_bytes"), ("fetch_rate", "fetch_bytes")):
+        out[total] = pd.Series(pdf[name].to_numpy()).groupby(codes).sum().to_numpy()
+    for name in RATES:
+        out[f"{name}_max"] = pd.Series(pdf[name].to_numpy()).groupby(codes).max().to_numpy()
+    for name in RATES:
+        values = pdf[name].to_numpy()
+        ordered = values[np.lexsort((values, codes))]
+        for q in PERCENTILES:
+            rank = np.maximum(np.ceil(q * n).astype(np.int64), 1)
+            out[f"{name}_p{int(q * 100)}"] = ordered[starts + np.minimum(rank, n) - 1]
+    minute = pd.DataFrame({"code": codes, "broker": pdf["broker"].to_numpy(),
+                           "minute": pdf["interval"].to_numpy() // 60,
+                           "produce_rate": pdf["produce_rate"].to_numpy(),
+                           "fetch_rate": pdf["fetch_rate"].to_numpy()})
+    per_minute = minute.groupby(["code", "broker", "minute"], sort=False)[
+        ["produce_rate", "fetch_rate"]].sum() / 60
+    peaks = per_minute.groupby(level="code").max().reindex(range(len(n)))
+    out["produce_rate_minute_max"] = peaks["produce_rate"].to_numpy()
+    out["fetch_rate_minute_max"] = peaks["fetch_rate"].to_numpy()
+    out["busy"] = pd.Series(pdf["request_percentage"].to_numpy()).groupby(codes).sum().to_numpy()
+    return pd.DataFrame(out)
 
 
 def _everything() -> WindowSpec:
