@@ -26,9 +26,9 @@ from kafka_quota_proxy.spark_jobs.capture import (
 )
 from kafka_quota_proxy.spark_jobs.profile import (
     budget_seconds,
+    cached_entity_seconds,
     demand_requests,
     entity_profile,
-    entity_seconds,
     offered_segments,
     recorded_throttles,
 )
@@ -118,7 +118,7 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
         multi.budgets.to_csv(out / "multi_process.csv", index=False)
         phase("single-point replay")
 
-    sec = entity_seconds(captures).cache()  # shared by the profile and the budgets' demand
+    sec = cached_entity_seconds(captures)  # shared by the profile and the budgets' demand
     profile = _pandas(entity_profile(captures, catalog.entity_frame, sec))
     profile.to_csv(out / "profile.csv", index=False)
     recorded = _pandas(recorded_throttles(captures, catalog.entity_frame))

@@ -63,6 +63,25 @@ def entity_seconds(captures: DataFrame) -> DataFrame:
                          recorded=True)
 
 
+def cached_entity_seconds(captures: DataFrame) -> DataFrame:
+    """``entity_seconds``, cached, planned without partial aggregation: nearly every (entity,
+    broker, second) holds one request or two (the bench's 10 M requests make 4.8 M), so
+    summing each task's rows before the shuffle only builds a hash map as large as its input
+    (without it: 6.7 against 7.8 s on the bench's capture). The plan is made when the frame is
+    cached, so the setting is the session's for that moment only."""
+    spark = captures.sparkSession
+    key = "spark.sql.execution.bypassPartialAggregation"
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, "true")
+    try:
+        return entity_seconds(captures).cache()
+    finally:
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
+
+
 def entity_profile(captures: DataFrame, names: DataFrame | None = None,
                    sec: DataFrame | None = None) -> DataFrame:
     """Per (user, client-id): totals, per-second rate percentiles and peaks (over the seconds

@@ -11,7 +11,12 @@ from pyspark.testing import assertDataFrameEqual
 
 from kafka_quota_proxy.quota.replay import Recorded, replay, settings_from_section
 from kafka_quota_proxy.spark_jobs.held import held_seconds
-from kafka_quota_proxy.spark_jobs.profile import entity_profile, per_interval
+from kafka_quota_proxy.spark_jobs.profile import (
+    cached_entity_seconds,
+    entity_profile,
+    entity_seconds,
+    per_interval,
+)
 from kafka_quota_proxy.spark_jobs.replay import (
     catalog_of,
     entity_totals,
@@ -164,3 +169,23 @@ def test_a_quota_is_drawn_as_steps_at_each_generation() -> None:
     line = QuotaLine("live", [(990.0, 1e6), (1030.0, 2e6), (1100.0, 3e6)])
     assert line.steps(1000, 1060) == ([0.0, 30.0, 60.0], [1e6, 2e6, 2e6])
     assert QuotaLine("x", [(0.0, 5.0)]).steps(1000, 1010) == ([0.0, 10.0], [5.0, 5.0])
+
+
+def test_the_cached_per_second_rows_skip_the_partial_aggregate(spark: SparkSession) -> None:
+    """``cached_entity_seconds``: the same rows as ``entity_seconds``, planned with one
+    aggregate after the shuffle (not a partial one before it), and the session's setting
+    left as it was."""
+    frame = burst(spark)
+    key = "spark.sql.execution.bypassPartialAggregation"
+    plain = entity_seconds(frame)  # (plans counted before they run: AQE then shows two)
+    assert plain._jdf.queryExecution().executedPlan().toString().count("HashAggregate") == 2
+    expected = plain.toPandas()
+    sec = cached_entity_seconds(frame)
+    try:
+        plan = sec._jdf.queryExecution().executedPlan().toString()
+        assert "InMemoryTableScan" in plan and plan.count("HashAggregate") == 1, plan
+        assert spark.conf.get(key, None) in (None, "false")
+        assertDataFrameEqual(sec, spark.createDataFrame(expected, sec.schema),
+                             checkRowOrder=False)
+    finally:
+        sec.unpersist()
