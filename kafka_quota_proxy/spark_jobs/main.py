@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 from kafka_quota_proxy.quota.entities import QuotaType, resolve
 from kafka_quota_proxy.quota.replay import settings_from_section
 from kafka_quota_proxy.spark_jobs import report
+from kafka_quota_proxy.spark_jobs.bounds import clock_spread_ms, span_seconds
 from kafka_quota_proxy.spark_jobs.capture import (
     read_capture,
     read_live_config_times,
@@ -25,6 +26,7 @@ from kafka_quota_proxy.spark_jobs.capture import (
     read_storage_settings,
 )
 from kafka_quota_proxy.spark_jobs.profile import (
+    FOR_THE_REPLAY,
     budget_seconds,
     cached_entity_seconds,
     demand_requests,
@@ -96,6 +98,7 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
                              else round(minutes, 2),
                              "processes": len(spans)}
     catalog = catalog_of(names)  # the names the replays move as numbers
+    spread = clock_spread_ms(names)  # (how far the quota clocks wander from the wall clock)
     names.unpersist()
     pairs = list(catalog.names.entities.values())
     phase("read")
@@ -118,14 +121,20 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
         multi.budgets.to_csv(out / "multi_process.csv", index=False)
         phase("single-point replay")
 
+    # The config whose budgets are measured (and, with --tune, whose structure is kept).
+    base, base_label = _base(candidate, live)
+    # Each entity's peaks over as many seconds as a budget of the base config's window spans
+    # (the replay of a config with that window leaves out the entities that cannot throttle)
+    span = span_seconds(settings_from_section(base or {}), spread)
     sec = cached_entity_seconds(captures)  # shared by the profile and the budgets' demand
-    profile = _pandas(entity_profile(captures, catalog.entity_frame, sec))
-    profile.to_csv(out / "profile.csv", index=False)
+    profile = _pandas(entity_profile(captures, catalog.entity_frame, sec, span))
+    profile.drop(columns=FOR_THE_REPLAY).to_csv(out / "profile.csv", index=False)
+    hashes = {names: entity for entity, names in catalog.names.entities.items()}
+    peaks = profile[["requests", *FOR_THE_REPLAY]].assign(entity=[
+        hashes[(u, c)] for u, c in zip(profile["user"], profile["client_id"], strict=True)])
     recorded = _pandas(recorded_throttles(captures, catalog.entity_frame))
     phase("profile")
 
-    # The config whose budgets are measured (and, with --tune, whose structure is kept).
-    base, base_label = _base(candidate, live)
     mapping = budget_mapping(pairs, base or {}, _types(base, tune))
     # (read twice, by the report: two passes over ``sec`` cost less than caching it again)
     seconds = budget_seconds(sec, mapping, catalog.entity_frame)
@@ -160,7 +169,8 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
         phase("tune")
     if chosen is not None:
         summary = replay_summary(captures, candidate=chosen, catalog=catalog,
-                                 storage=storage).cache()
+                                 storage=storage, peaks=peaks, span=span,
+                                 clock_spread_ms=spread).cache()
         totals_pd = _pandas(entity_totals(summary))
         totals_pd.to_csv(out / "replay.csv", index=False)
         histogram = _pandas(throttle_histogram(summary))

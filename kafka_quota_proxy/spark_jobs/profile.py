@@ -13,6 +13,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.window import Window, WindowSpec
 
+from kafka_quota_proxy.spark_jobs import bounds
 from kafka_quota_proxy.spark_jobs.tune import (
     DEMAND_COLUMNS,
     KEYS,
@@ -50,6 +51,13 @@ def _per_interval(captures: DataFrame, keys: list[Column], seconds: int,
         recorded_time = F.when(~F.col("follower") & (F.col("response_bytes") >= 0),
                                elapsed).otherwise(0.0)
         aggs.append((F.sum(recorded_time) / (10.0 * seconds)).alias("request_recorded"))
+        # for the replay's bounds (``bounds``: fetch bytes at no less than 0) and its counts
+        # of the requests it leaves out (the bytes each moved: a fetch's response, else the
+        # request)
+        aggs.append(F.sum(F.when((F.col("api_key") == 1) & ~F.col("follower"), F.greatest(
+            F.col("response_bytes") - 4, F.lit(0))).otherwise(0)).alias("fetch_bound"))
+        aggs.append(F.sum(F.when(F.col("api_key") == 1, F.col("response_bytes")).otherwise(
+            F.col("request_bytes")).cast("long")).alias("moved"))
     return captures.groupBy(
         *keys, "broker", (F.col("ts_ms") / (1000 * seconds)).cast("long").alias("interval"),
     ).agg(*aggs)
@@ -58,7 +66,9 @@ def _per_interval(captures: DataFrame, keys: list[Column], seconds: int,
 def entity_seconds(captures: DataFrame) -> DataFrame:
     """``per_interval`` per second, keyed on the (user, client-id) hash (``entity``), with
     ``request_recorded``: the request time the request quota records, as a percentage of one
-    thread. What ``entity_profile`` and ``budget_seconds`` are made of (cache it to share)."""
+    thread; ``fetch_bound`` (consumer fetch bytes, each at no less than 0) and ``moved`` (the
+    bytes of the requests: a fetch's response, else the request). What ``entity_profile`` and
+    ``budget_seconds`` are made of (cache it to share)."""
     return _per_interval(captures, [F.xxhash64("user", "client_id").alias("entity")], 1,
                          recorded=True)
 
@@ -83,14 +93,16 @@ def cached_entity_seconds(captures: DataFrame) -> DataFrame:
 
 
 def entity_profile(captures: DataFrame, names: DataFrame | None = None,
-                   sec: DataFrame | None = None) -> DataFrame:
+                   sec: DataFrame | None = None, span: int = 13) -> DataFrame:
     """Per (user, client-id): totals, per-second rate percentiles and peaks (over the seconds
     it was active, on any one broker), per-minute peaks, and its share of request time.
     One pass over the capture: minutes and totals are sums of the seconds.
 
     ``names``: ``replay.Catalog.entity_frame`` (entity, user, client_id): the aggregations
     then key on the entity's hash, cheaper than on two strings, and the names join back at
-    the end; ``sec``: ``entity_seconds(captures)``, when the caller has it (with ``names``)."""
+    the end; ``sec``: ``entity_seconds(captures)``, when the caller has it (with ``names``).
+    With ``names``, also ``produce_peak``, ``fetch_peak`` (``bounds.peaks`` over ``span``
+    seconds) and ``moved``, for the replay (``bounds.hot_entities``)."""
     if names is None:
         keys = ["user", "client_id"]
         sec = per_interval(captures, 1).cache()
@@ -98,9 +110,10 @@ def entity_profile(captures: DataFrame, names: DataFrame | None = None,
         if sec is None:
             sec = _per_interval(captures, [F.xxhash64("user", "client_id").alias("entity")],
                                 1).cache()
-        profile = sec.select("entity", "broker", "interval", "requests", *RATES).groupBy(
+        profile = sec.select("entity", "broker", "interval", "requests", *RATES,
+                             "fetch_bound", "moved").groupBy(
             F.pmod(F.col("entity"), F.lit(PROFILE_GROUPS)).alias("group")).applyInPandas(
-            per_second_profile, PROFILE)
+            lambda pdf: per_second_profile(pdf, span), PROFILE)
         profile = profile.withColumn(
             "request_time_share", F.col("busy") / F.sum("busy").over(_everything())
         ).drop("busy")
@@ -142,16 +155,20 @@ PROFILE = ", ".join([
     "entity long", "requests long", "produce_bytes double", "fetch_bytes double",
     *[f"{name}_max double" for name in RATES],
     *[f"{name}_p{int(q * 100)} double" for name in RATES for q in PERCENTILES],
-    "produce_rate_minute_max double", "fetch_rate_minute_max double", "busy double"])
+    "produce_rate_minute_max double", "fetch_rate_minute_max double", "busy double",
+    "produce_peak double", "fetch_peak double", "moved long"])
+FOR_THE_REPLAY = ["produce_peak", "fetch_peak", "moved"]  # (not the profile's own figures)
 
 
-def per_second_profile(pdf: pd.DataFrame) -> pd.DataFrame:
+def per_second_profile(pdf: pd.DataFrame, span: int = 13) -> pd.DataFrame:
     """``entity_profile``'s per-entity figures from its per-second rows (``entity_seconds``:
     entity, broker, interval, requests and ``RATES``) of whole entities: in pandas, in the
     Python workers, where Spark's partial aggregates cost more to build and merge. The
     percentiles are exact: of the ``n`` per-second values in order, the one at rank
     ``ceil(q x n)``, what ``percentile_approx`` gives with its error at zero, so a profile
-    does not depend on how the rows were split."""
+    does not depend on how the rows were split. With ``fetch_bound`` and ``moved`` (of
+    ``entity_seconds``), also ``FOR_THE_REPLAY``: the entity's produce and fetch peaks over
+    ``span`` seconds (``bounds.peaks``) and its requests' bytes."""
     if pdf.empty:
         return pd.DataFrame(columns=[c.split()[0] for c in PROFILE.split(", ")])
     codes, entities = pd.factorize(pdf["entity"], sort=True)
@@ -179,6 +196,12 @@ def per_second_profile(pdf: pd.DataFrame) -> pd.DataFrame:
     out["produce_rate_minute_max"] = peaks["produce_rate"].to_numpy()
     out["fetch_rate_minute_max"] = peaks["fetch_rate"].to_numpy()
     out["busy"] = pd.Series(pdf["request_percentage"].to_numpy()).groupby(codes).sum().to_numpy()
+    if "fetch_bound" in pdf:
+        broker, second = pdf["broker"].to_numpy(), pdf["interval"].to_numpy()
+        for name, column in (("produce_peak", "produce_rate"), ("fetch_peak", "fetch_bound")):
+            out[name] = bounds.peaks(codes, broker, second,
+                                     pdf[column].to_numpy(dtype=np.float64), span, len(n))
+        out["moved"] = pd.Series(pdf["moved"].to_numpy()).groupby(codes).sum().to_numpy()
     return pd.DataFrame(out)
 
 

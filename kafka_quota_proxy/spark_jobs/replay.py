@@ -32,6 +32,7 @@ from kafka_quota_proxy.quota.replay import (
     replay_rows,
     settings_from_section,
 )
+from kafka_quota_proxy.spark_jobs import bounds
 from kafka_quota_proxy.spark_jobs.held import held_seconds
 
 # What crosses to the Python workers: numbers only. Strings cost more to move than the engine
@@ -290,13 +291,64 @@ def _settings(candidate: Mapping[str, Any] | None,
 
 def _grouped(captures: DataFrame, cand: QuotaSettings | None,
              live: dict[tuple[str, int], QuotaSettings], storage: bool,
-             names: Names) -> GroupedData:
+             names: Names, hot: pd.DataFrame | None = None) -> GroupedData:
     """The capture in replay groups: per run, broker (the proxy keeps one quota manager per
-    upstream broker) and bucket, the columns the engine needs, packed (``packed``)."""
+    upstream broker) and bucket, the columns the engine needs, packed (``packed``).
+    ``hot``: ``bounds.hot_entities``: only the requests ``_sent`` keeps."""
     configs = [cand] if cand is not None else list(live.values())
     if "storage_scale" not in captures.columns:  # capture schema v1
         captures = captures.withColumn("storage_scale", F.lit(None).cast("double"))
+    if hot is not None:
+        captures = _sent(captures, hot)
     return captures.select(*packed(configs, storage, names)).groupBy("key")
+
+
+def _sent(captures: DataFrame, hot: pd.DataFrame) -> DataFrame:
+    """The requests a replay under the config ``hot`` was found for must send the engine:
+    those that record into a budget that may throttle, those the proxy recorded throttled
+    (their recorded client-seconds are counted in the Python workers) and those under a
+    storage factor."""
+    table = captures.sparkSession.createDataFrame(
+        hot[["entity", "hot"]] if len(hot) else pd.DataFrame({"entity": [0], "hot": [0]}),
+        "entity long, hot int")
+    bits = F.coalesce(F.col("_hot"), F.lit(0))
+
+    def on(bit: int) -> Column:
+        return bits.bitwiseAND(F.lit(bit)) != 0
+
+    follower = F.col("follower")
+    keep = ((F.col("throttle_produce_ms") > 0) | (F.col("throttle_fetch_ms") > 0)
+            | (F.col("throttle_request_ms") > 0) | (F.col("storage_scale") >= 0)
+            | ((F.col("api_key") == 0) & on(bounds.PRODUCE))
+            | ((F.col("api_key") == 1) & ~follower & on(bounds.FETCH))
+            | (~follower & (F.col("response_bytes") >= 0) & on(bounds.REQUEST)))
+    return (captures.withColumn("_entity", F.xxhash64("user", "client_id"))
+            .join(F.broadcast(table.withColumnsRenamed({"entity": "_entity", "hot": "_hot"})),
+                  "_entity", "left")
+            .where(keep).drop("_entity", "_hot"))
+
+
+def _with_rest(sent: DataFrame, totals: pd.DataFrame) -> DataFrame:
+    """``sent``, the summary of the requests the Python workers were sent (cached), with one
+    row per entity (bucket -1: not throttled) for those left out of it: their number and bytes
+    are the entity's in ``totals`` (entity, requests, moved: every request of the capture)
+    less those sent; the engine gives them 0, and the proxy had recorded none throttled
+    (``_sent``)."""
+    got = sent.groupBy("entity").agg(F.sum("requests").alias("sent_requests"),
+                                     F.sum("moved").alias("sent_moved")).toPandas()
+    rest = totals[["entity", "requests", "moved"]].merge(got, on="entity", how="left").fillna(0)
+    requests = (rest["requests"] - rest["sent_requests"]).astype("int64")
+    moved = (rest["moved"] - rest["sent_moved"]).astype("int64")
+    zero = np.zeros(len(rest), dtype=np.int64)
+    frame = pd.DataFrame({
+        "entity": rest["entity"].astype("int64"), "bucket_ms": np.full(len(rest), -1, np.int32),
+        "requests": requests, "throttle_ms": zero, "moved": moved,
+        "recorded_throttled_requests": zero, "recorded_throttle_ms": zero,
+        "matched": requests, "held_seconds": zero, "recorded_held_seconds": zero,
+    })[requests.to_numpy() > 0]
+    if (requests < 0).any():
+        raise ValueError("the replay was sent more requests than the capture's totals hold")
+    return sent.unionByName(sent.sparkSession.createDataFrame(frame, SUMMARY))
 
 
 # What crosses to the Python workers costs per value: Spark writes the Arrow batches a value
@@ -414,9 +466,19 @@ def replay_capture(captures: DataFrame, candidate: Mapping[str, Any] | None = No
 def replay_summary(captures: DataFrame, candidate: Mapping[str, Any] | None = None,
                    live: Mapping[tuple[str, int], Mapping[str, Any]] | None = None,
                    bucket_ms: int = 100, catalog: Catalog | None = None,
-                   storage: Mapping[str, Mapping[str, Any]] | None = None) -> DataFrame:
+                   storage: Mapping[str, Mapping[str, Any]] | None = None,
+                   peaks: pd.DataFrame | None = None, span: int = 0,
+                   clock_spread_ms: int = 0) -> DataFrame:
     """The replay summed per (user, client-id, throttle bucket; -1: not throttled), for
-    ``entity_totals``, ``throttle_histogram`` and ``match_rate`` at any capture size."""
+    ``entity_totals``, ``throttle_histogram`` and ``match_rate`` at any capture size.
+
+    ``peaks``: per entity of the capture, ``produce_peak`` and ``fetch_peak`` over ``span``
+    seconds, ``requests`` and ``moved`` (``profile.entity_profile`` with names), and
+    ``clock_spread_ms`` (``bounds.clock_spread_ms``): replaying a candidate on Kafka's maths
+    with no storage settings, whose budgets' spans fit in ``span`` seconds, only the requests
+    of entities whose budgets may throttle (``bounds.hot_entities``) cross to the Python
+    workers, and the others are counted from ``peaks``: the same sums, without the shuffle,
+    sort and Python of most of the rows."""
     cand, live_settings = _settings(candidate, live)
     found = catalog or catalog_of(captures)
     names = found.names
@@ -425,8 +487,15 @@ def replay_summary(captures: DataFrame, candidate: Mapping[str, Any] | None = No
     def per_group(pdf: pd.DataFrame) -> pd.DataFrame:
         return _summary(unpacked(pdf, names), cand, live_settings, names, st, bucket_ms)
 
-    summary = _grouped(captures, cand, live_settings, bool(st), names).applyInPandas(
+    hot = None
+    if (peaks is not None and cand is not None and not st and bounds.applies(cand)
+            and bounds.span_seconds(cand, clock_spread_ms) <= span):
+        hot = bounds.hot_entities(peaks, cand, names.entities)
+    summary = _grouped(captures, cand, live_settings, bool(st), names, hot).applyInPandas(
         per_group, SUMMARY)
+    if hot is not None and peaks is not None:
+        summary = summary.cache()
+        summary = _with_rest(summary, peaks)
     return summary.join(F.broadcast(found.entity_frame), "entity").drop("entity")
 
 
@@ -469,12 +538,15 @@ def throttle_histogram(summary: DataFrame) -> DataFrame:
 # ---------------------------------------------------------------- multi-process captures
 
 def name_counts(captures: DataFrame) -> DataFrame:
-    """Per name of the capture (process, instance, run, user and client-id): its requests, and
-    the first and last ``ts_ms``. Few rows, from one pass over the capture: ``process_spans``
+    """Per name of the capture (process, instance, run, user and client-id): its requests, the
+    first and last ``ts_ms``, and the least and most ``quota_ms - ts_ms`` (for
+    ``bounds.clock_spread_ms``). Few rows, from one pass over the capture: ``process_spans``
     and ``catalog_of`` take their names from them (cache it to share it)."""
+    offset = F.col("quota_ms") - F.col("ts_ms")
     return captures.groupBy("process", "instance", "run", "user", "client_id").agg(
         F.count("*").alias("requests"), F.min("ts_ms").alias("first_ms"),
-        F.max("ts_ms").alias("last_ms"))
+        F.max("ts_ms").alias("last_ms"), F.min(offset).alias("min_offset_ms"),
+        F.max(offset).alias("max_offset_ms"))
 
 
 def process_spans(captures: DataFrame, names: DataFrame | None = None) -> pd.DataFrame:
