@@ -108,8 +108,7 @@ def entity_profile(captures: DataFrame, names: DataFrame | None = None,
         sec = per_interval(captures, 1).cache()
     else:
         if sec is None:
-            sec = _per_interval(captures, [F.xxhash64("user", "client_id").alias("entity")],
-                                1).cache()
+            sec = entity_seconds(captures)
         profile = sec.select("entity", "broker", "interval", "requests", *RATES,
                              "fetch_bound", "moved").groupBy(
             F.pmod(F.col("entity"), F.lit(PROFILE_GROUPS)).alias("group")).applyInPandas(

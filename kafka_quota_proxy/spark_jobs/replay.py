@@ -33,6 +33,7 @@ from kafka_quota_proxy.quota.replay import (
     settings_from_section,
 )
 from kafka_quota_proxy.spark_jobs import bounds
+from kafka_quota_proxy.spark_jobs import engine as by_budget
 from kafka_quota_proxy.spark_jobs.held import held_seconds
 
 # What crosses to the Python workers: numbers only. Strings cost more to move than the engine
@@ -144,7 +145,16 @@ def _run_engine(pdf: pd.DataFrame, candidate: QuotaSettings | None,
     fetch = np.zeros(n, dtype=np.int32)
     request = np.zeros(n, dtype=np.int32)
     m = len(users)
-    if m:
+    if m and one is not None and by_budget.applies(one):  # budget by budget (``engine``)
+        api_key, request_bytes, response_bytes, request_time_ms = [
+            pdf[c].to_numpy()[at] for c in (
+                "api_key", "request_bytes", "response_bytes", "request_time_ms")]
+        each = by_budget.throttles(
+            times[at], codes[at], names, api_key, request_bytes, response_bytes,
+            request_time_ms, pdf["follower"].to_numpy(dtype=bool)[at], one)
+        for out, part in zip((produce, fetch, request), each, strict=True):
+            out[at] = part
+    elif m:
         got = replay_rows(
             zip(times[at].tolist(), users, client_ids, *columns, repeat(0, m),
                 *[pdf[c].to_numpy()[at].tolist() for c in (
