@@ -5,6 +5,7 @@ quotas, idle gaps past the sensors' expiry, quota generations, several windows."
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,14 +16,24 @@ from pyspark.sql import functions as F
 
 from kafka_quota_proxy.quota.manager import QuotaManager
 from kafka_quota_proxy.quota.replay import expiry_times, replay_rows, settings_from_section
+from kafka_quota_proxy.spark_jobs import bounds
+from kafka_quota_proxy.spark_jobs.capture import read_capture
+from kafka_quota_proxy.spark_jobs.profile import entity_profile, entity_seconds
 from kafka_quota_proxy.spark_jobs.replay import (
     BUCKETS,
     Names,
     _may_throttle,
     _run_engine,
+    catalog_of,
+    entity_totals,
+    match_rate,
+    name_counts,
     packed,
+    replay_summary,
+    throttle_histogram,
     unpacked,
 )
+from testkit.synth_capture import generate
 
 RUN = "r-1"
 RUN_ID = 7
@@ -194,3 +205,63 @@ def test_a_request_under_a_storage_factor_fails_a_replay_without_storage_setting
     configs = [settings_from_section(CONFIGS["client-ids"])]
     with pytest.raises(Exception, match="storage_scale but no storage settings"):
         frame.select(*packed(configs, False, names)).collect()
+
+
+def test_leaving_cold_entities_out_changes_no_total(spark: SparkSession,
+                                                     tmp_path: Path) -> None:
+    """``replay_summary`` with the profile's peaks sends the Python workers only the
+    requests of entities whose budgets may throttle, and counts the others from the
+    profile: every total, histogram bucket and match is what the replay of every request
+    gives, on a capture of two instances (two quota clocks) whose tenants span from far under
+    to far over their quotas, with recorded throttles."""
+    live = {"entities": [{"client-id": "<default>", "producer_byte_rate": 200_000,
+                          "consumer_byte_rate": 300_000}]}
+    generate(tmp_path / "capture", 60_000, 40, 3, duration_s=120, instances=2, live=live)
+    captures = read_capture(spark, tmp_path / "capture")
+    names = name_counts(captures).cache()
+    catalog = catalog_of(names)
+    spread = bounds.clock_spread_ms(names)
+    candidate = {"entities": [{"client-id": "<default>", "producer_byte_rate": 150_000,
+                               "consumer_byte_rate": 250_000},
+                              {"user": "<default>", "producer_byte_rate": 50_000_000}]}
+    span = bounds.span_seconds(settings_from_section(candidate), spread)
+    sec = entity_seconds(captures).cache()
+    profile = entity_profile(captures, catalog.entity_frame, sec, span).toPandas()
+    hashes = {n: e for e, n in catalog.names.entities.items()}
+    peaks = profile.assign(entity=[hashes[(u, c)] for u, c in zip(
+        profile["user"], profile["client_id"], strict=True)])
+    hot = bounds.hot_entities(peaks, settings_from_section(candidate), catalog.names.entities)
+    assert 0 < len(hot) < len(catalog.names.entities)  # some are left out, not all
+
+    def totals(summary: Any) -> tuple[pd.DataFrame, pd.DataFrame, tuple[int, int]]:
+        t = entity_totals(summary).toPandas().sort_values(["user", "client_id"])
+        h = throttle_histogram(summary).toPandas()
+        return t.reset_index(drop=True), h, match_rate(summary)
+
+    every = totals(replay_summary(captures, candidate=candidate, catalog=catalog))
+    some = totals(replay_summary(captures, candidate=candidate, catalog=catalog, peaks=peaks,
+                                 span=span, clock_spread_ms=spread))
+    pd.testing.assert_frame_equal(some[0], every[0])
+    pd.testing.assert_frame_equal(some[1], every[1])
+    assert some[2] == every[2]
+    assert every[0]["throttled_requests"].sum() > 0
+    assert every[0]["recorded_throttled_requests"].sum() > 0
+    sec.unpersist()
+
+
+def test_peaks_are_the_most_in_any_span_of_seconds() -> None:
+    rng = np.random.default_rng(3)
+    n = 3000
+    codes = rng.integers(0, 4, n)
+    broker = rng.integers(0, 3, n)
+    second = rng.integers(0, 200, n)
+    values = np.where(rng.random(n) < 0.2, -5.0, rng.integers(0, 1000, n).astype(float))
+    got = bounds.peaks(codes, broker, second, values, 13, 5)
+    for c in range(5):
+        best = 0.0
+        for b in range(3):
+            own = (codes == c) & (broker == b)
+            for s in range(-13, 201):
+                inside = own & (second >= s) & (second < s + 13)
+                best = max(best, np.maximum(values[inside], 0).sum())
+        assert got[c] == best, c
