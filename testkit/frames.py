@@ -185,7 +185,7 @@ def _strategy_for(tp: Any, max_items: int) -> st.SearchStrategy[Any]:
             lambda s: TZAware.parse(datetime.datetime.fromtimestamp(s, tz=datetime.UTC))
         )
     if tp is f64:
-        return st.floats(allow_nan=False).map(f64)
+        return st.floats(allow_nan=False, allow_infinity=False).map(f64)
     if tp is Records or tp is bytes:
         return st.binary(max_size=24)
     if tp is uuid.UUID:

@@ -26,6 +26,8 @@ def rows(seed: int) -> pd.DataFrame:
         "produce_rate": np.where(rng.random(n) < 0.3, 0.0, rng.integers(0, 50, n) * 100.0),
         "fetch_rate": rng.lognormal(8, 2, n).round(),
         "request_percentage": rng.random(n) * 3,
+        "fetch_bound": rng.integers(0, 5000, n).astype(float),
+        "moved": rng.integers(0, 10_000, n),
     }).drop_duplicates(["entity", "broker", "interval"])
 
 
@@ -52,6 +54,15 @@ def test_each_figure_is_the_plain_computation(seed: int) -> None:
         assert row["fetch_rate_minute_max"] == pytest.approx(
             (minute["fetch_rate"].sum() / 60).max(), rel=1e-12)
     assert set(got.index) == set(pdf["entity"])
+    for entity, own in pdf.groupby("entity"):
+        assert got.loc[entity, "moved"] == own["moved"].sum()
+        for name, column in (("produce_peak", "produce_rate"), ("fetch_peak", "fetch_bound")):
+            best = 0.0
+            for _, one in own.groupby("broker"):  # every 13 whole seconds, by a rolling sum
+                per = one.set_index("interval")[column].clip(lower=0)
+                full = per.reindex(range(per.index.min(), per.index.max() + 1), fill_value=0)
+                best = max(best, full.rolling(13, min_periods=1).sum().max())
+            assert got.loc[entity, name] == best, (entity, name)
 
 
 def test_no_rows_no_entities() -> None:
