@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from kafka_quota_proxy.quota.entities import QuotaType, resolve
+from kafka_quota_proxy.quota.entities import EntityKey, QuotaType, resolve
 from kafka_quota_proxy.quota.manager import KAFKA, QuotaSettings, percent_of_thread
 from kafka_quota_proxy.quota.sampled import SampledRate
 from kafka_quota_proxy.quota.throttle import throttle_time_ms
@@ -21,6 +21,38 @@ from kafka_quota_proxy.quota.throttle import throttle_time_ms
 
 def applies(settings: QuotaSettings) -> bool:
     return settings.pacing == KAFKA
+
+
+def records(qt: QuotaType, api_key: np.ndarray, follower: np.ndarray,
+            response_bytes: np.ndarray) -> np.ndarray:
+    """Which requests record into quota type ``qt`` (``quota.recording``)."""
+    if qt is QuotaType.PRODUCE:
+        mask = api_key == 0
+    elif qt is QuotaType.FETCH:
+        mask = (api_key == 1) & ~follower
+    else:
+        mask = ~follower & (response_bytes >= 0)
+    return np.asarray(mask, dtype=bool)
+
+
+def budget_runs(quotas: dict[EntityKey, float], qt: QuotaType, names: list[tuple[str, str]],
+                codes: np.ndarray, mask: np.ndarray,
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The requests of ``mask`` that record into a budget with a limit, budget by budget, each
+    budget's in the order recorded: ``(rows, budget of each, where each budget's run starts,
+    the limit of each run's budget)``. ``codes``: each request's (user, client-id) as an
+    index into ``names``."""
+    resolved = [resolve(quotas, qt, user, client_id) for user, client_id in names]
+    limits = np.asarray([np.inf if r.limit is None else r.limit for r in resolved])
+    budget_of, _ = pd.factorize(pd.Series([r.tags for r in resolved], dtype=object))
+    rows = np.flatnonzero(mask & np.isfinite(limits)[codes])
+    budget = budget_of[codes[rows]]
+    order = np.argsort(budget, kind="stable")
+    rows, budget = rows[order], budget[order]
+    starts = np.flatnonzero(np.r_[True, budget[1:] != budget[:-1]]) if len(rows) else rows
+    bounds = np.empty(int(budget_of.max()) + 1 if len(budget_of) else 0)
+    bounds[budget_of] = limits  # (the names of one budget share its limit)
+    return rows, budget, starts, bounds[budget[starts]]
 
 
 def throttles(times: np.ndarray, codes: np.ndarray, names: list[tuple[str, str]],
@@ -37,25 +69,10 @@ def throttles(times: np.ndarray, codes: np.ndarray, names: list[tuple[str, str]]
         quotas = settings.for_type(qt)
         if not quotas or not n:
             continue
-        if qt is QuotaType.PRODUCE:
-            mask = api_key == 0
-        elif qt is QuotaType.FETCH:
-            mask = (api_key == 1) & ~follower
-        else:
-            mask = ~follower & (response_bytes >= 0)
-        resolved = [resolve(quotas, qt, user, client_id) for user, client_id in names]
-        limited = np.asarray([r.limit is not None for r in resolved], dtype=bool)
-        rows = np.flatnonzero(mask & limited[codes])
+        rows, _, starts, limits = budget_runs(
+            quotas, qt, names, codes, records(qt, api_key, follower, response_bytes))
         if not len(rows):
             continue
-        budget_of, _ = pd.factorize(pd.Series([r.tags for r in resolved], dtype=object))
-        bound_of = {int(budget_of[i]): float(r.limit) for i, r in enumerate(resolved)
-                    if r.limit is not None}
-        budget = budget_of[codes[rows]]
-        order = np.argsort(budget, kind="stable")  # per budget, in the order recorded
-        rows, budget = rows[order], budget[order]
-        starts = np.flatnonzero(np.r_[True, budget[1:] != budget[:-1]])
-        ends = np.r_[starts[1:], len(rows)]
         cap = (settings.window_ms
                if qt is QuotaType.REQUEST or settings.cap_byte_rate_throttle else None)
         at = times[rows].tolist()
@@ -71,8 +88,8 @@ def throttles(times: np.ndarray, codes: np.ndarray, names: list[tuple[str, str]]
                                          response_bytes[rows].tolist(), strict=True)]
         got = [0] * len(rows)
         integral = qt is not QuotaType.REQUEST
-        for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
-            bound = bound_of[int(budget[lo])]
+        for lo, hi, bound in zip(starts.tolist(), [*starts[1:].tolist(), len(rows)],
+                                 limits.tolist(), strict=True):
             record = SampledRate(settings.samples, settings.window_ms,
                                  integral=integral).record_and_measure
             for k in range(lo, hi):

@@ -22,7 +22,7 @@ import pandas as pd
 from pyspark.sql import Column, DataFrame, GroupedData
 from pyspark.sql import functions as F
 
-from kafka_quota_proxy.quota.entities import QuotaType, metric_tags, quota_limit, resolve
+from kafka_quota_proxy.quota.entities import QuotaType, metric_tags, quota_limit
 from kafka_quota_proxy.quota.manager import QuotaSettings, percent_of_thread
 from kafka_quota_proxy.quota.replay import (
     StorageSettings,
@@ -206,34 +206,26 @@ def _may_throttle(pdf: pd.DataFrame, codes: np.ndarray, names: list[tuple[str, s
     # quota's percentage of a thread from above (it rounds the time to whole nanoseconds)
     elapsed = np.where(recorded > 0, recorded, (model.base_us + model.per_kib_us * (
         request + np.maximum(response, 0.0)) / 1024.0) / 1000.0)
-    recording = {
-        QuotaType.PRODUCE: (api_key == 0, request - 4.0),
-        QuotaType.FETCH: ((api_key == 1) & ~follower, response - 4.0),
-        QuotaType.REQUEST: (~follower & (response >= 0), elapsed * 0.1 * (1 + 1e-9) + 1e-7),
+    recorded_values = {
+        QuotaType.PRODUCE: request - 4.0,
+        QuotaType.FETCH: response - 4.0,
+        QuotaType.REQUEST: elapsed * 0.1 * (1 + 1e-9) + 1e-7,
     }
     engine = np.zeros(len(pdf), dtype=bool)
-    for qt, (mask, values) in recording.items():
+    for qt, values in recorded_values.items():
         quotas = settings.for_type(qt)
+        mask = by_budget.records(qt, api_key, follower, response)
         if not quotas or not mask.any():
             continue
-        resolved = [resolve(quotas, qt, user, client_id) for user, client_id in names]
-        limits = np.asarray([np.inf if r.limit is None else r.limit for r in resolved])
-        budget_of, _ = pd.factorize(pd.Series([r.tags for r in resolved], dtype=object))
-        rows = np.flatnonzero(mask & np.isfinite(limits)[codes])
+        rows, budget, starts, limits = by_budget.budget_runs(quotas, qt, names, codes, mask)
         if not len(rows):
             continue
-        budget = budget_of[codes[rows]]
-        order = np.argsort(budget, kind="stable")  # per budget, in the order recorded
-        rows, budget = rows[order], budget[order]
         key = budget.astype(np.int64) * (1 << 40) + (times[rows] - times[0])
         total = np.cumsum(np.maximum(values[rows], 0.0))
         first = np.searchsorted(key, key - horizon, side="right")
         window = total - np.where(first > 0, total[np.maximum(first - 1, 0)], 0.0)
-        starts = np.flatnonzero(np.r_[True, budget[1:] != budget[:-1]])
         peak = np.maximum.reduceat(window, starts) * per_second
-        bounds = np.empty(int(budget_of.max()) + 1)
-        bounds[budget_of] = limits  # (the entities of one budget share its limit)
-        may = ~(peak <= bounds[budget[starts]] * (1 - 1e-9))
+        may = ~(peak <= limits * (1 - 1e-9))
         engine[rows[np.repeat(may, np.diff(np.r_[starts, len(rows)]))]] = True
     return engine
 
