@@ -51,8 +51,8 @@ DEPLOY = ROOT / "deploy"
 # installs the project without extras. ``kafka-quota-proxy replay`` imports them when it runs.
 SPARK_EXTRA_MODULES = frozenset({
     f"kafka_quota_proxy.spark_jobs.{name}"
-    for name in ("bounds", "capture", "engine", "held", "main", "profile", "replay", "report",
-                 "session", "tune")
+    for name in ("bounds", "capture", "engine", "entity_pass", "held", "main", "profile",
+                 "replay", "report", "session", "tune")
 })
 SPARK_EXTRA_IMPORTS = frozenset({"pyspark", "pandas", "numpy", "matplotlib"})
 

@@ -25,13 +25,11 @@ from kafka_quota_proxy.spark_jobs.capture import (
     read_live_configs,
     read_storage_settings,
 )
+from kafka_quota_proxy.spark_jobs.entity_pass import entity_pass, split
 from kafka_quota_proxy.spark_jobs.profile import (
     FOR_THE_REPLAY,
     budget_seconds,
-    cached_entity_seconds,
-    demand_requests,
-    entity_profile,
-    offered_segments,
+    entity_seconds,
     recorded_throttles,
 )
 from kafka_quota_proxy.spark_jobs.replay import (
@@ -126,30 +124,23 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
     # Each entity's peaks over as many seconds as a budget of the base config's window spans
     # (the replay of a config with that window leaves out the entities that cannot throttle)
     span = span_seconds(settings_from_section(base or {}), spread)
-    sec = cached_entity_seconds(captures)  # shared by the profile and the budgets' demand
-    profile = _pandas(entity_profile(captures, catalog.entity_frame, sec, span))
-    profile.drop(columns=FOR_THE_REPLAY).to_csv(out / "profile.csv", index=False)
-    hashes = {names: entity for entity, names in catalog.names.entities.items()}
-    peaks = profile[["requests", *FOR_THE_REPLAY]].assign(entity=[
-        hashes[(u, c)] for u, c in zip(profile["user"], profile["client_id"], strict=True)])
+    mapping = budget_mapping(pairs, base or {}, _types(base, tune))
+    # One pass over the requests (``entity_pass``): the profile, each entity's bytes per
+    # broker and, tuning, the load its clients offered (``tune.offered_load``: what each client
+    # would have sent had nothing held it back, not the recorded bursts).
+    profile, segments, per_broker = split(_pandas(entity_pass(
+        captures, catalog.names, span,
+        (sorted(set(mapping["quota_type"])) or ["produce"]) if tune else (),
+        options.idle_seconds * 1000.0, options.measure_seconds * 1000.0)), catalog.names)
+    profile.drop(columns=["entity", *FOR_THE_REPLAY]).to_csv(out / "profile.csv", index=False)
+    peaks = profile[["entity", "requests", *FOR_THE_REPLAY]]
     recorded = _pandas(recorded_throttles(captures, catalog.entity_frame))
     phase("profile")
 
-    mapping = budget_mapping(pairs, base or {}, _types(base, tune))
-    # (read twice, by the report: two passes over ``sec`` cost less than caching it again)
-    seconds = budget_seconds(sec, mapping, catalog.entity_frame)
     chosen = candidate
     label = "candidate config"
     recommendation: Recommendation | None = None
     if tune:
-        # Demand is offered load: what each client would have sent had nothing held it
-        # back (``tune.offered_load``), per budget and second, not the recorded bursts.
-        # (Spark orders each client's requests; its segments, one row per stretch of a
-        # client's traffic, are few, and the rest is tune's own pandas)
-        segments = _pandas(offered_segments(
-            demand_requests(captures, sorted(set(mapping["quota_type"]))),
-            catalog.run_frame, catalog.entity_frame, options.idle_seconds * 1000.0,
-            options.measure_seconds * 1000.0))
         demand = offered_demand(offered_intervals(segments, mapping), start_s, end_s,
                                 options.percentile, options.span_seconds)
         recommendation = retune(base or {}, demand, pairs, options, minutes)
@@ -188,9 +179,8 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
     facts[f"throttled client-seconds (replayed, {label})"] = int(totals_pd["held_seconds"].sum())
 
     # Rates of the top budgets over time, with the quota each has.
-    series, quotas = _top_budgets(seconds, mapping, chosen, label,
+    series, quotas = _top_budgets(captures, per_broker, mapping, catalog, chosen, label,
                                   _history(live, read_live_config_times(capture_dir)))
-    sec.unpersist()
     plots = {"Rate vs quota, top budgets": "rates.png",
              "Throttle distribution: recorded vs replayed": "throttles.png",
              "Before / after": "before_after.png"}
@@ -289,22 +279,38 @@ def _history(live: Mapping[tuple[str, int], Mapping[str, Any]],
                   key=lambda item: item[0])
 
 
-def _top_budgets(seconds: DataFrame, mapping: pd.DataFrame, chosen: Mapping[str, Any] | None,
-                 label: str, history: list[tuple[float, Mapping[str, Any]]], n: int = 4,
+def _top_budgets(captures: DataFrame, per_broker: pd.DataFrame, mapping: pd.DataFrame,
+                 catalog: Catalog, chosen: Mapping[str, Any] | None, label: str,
+                 history: list[tuple[float, Mapping[str, Any]]], n: int = 4,
                  ) -> tuple[pd.DataFrame, dict[str, list[report.QuotaLine]]]:
     """The per-second rates of the ``n`` produce/fetch budgets that moved the most bytes, on
-    the busiest broker of each, and each one's quota over time: as the live configs set it
-    (``history``, a step at each generation) and under the replayed config (``chosen``,
-    ``label``)."""
+    the busiest broker of each (``per_broker``: ``entity_pass.split``'s bytes per entity and
+    broker), and each one's quota over time: as the live configs set it (``history``, a step
+    at each generation) and under the replayed config (``chosen``, ``label``). The rates come
+    from a pass over those budgets' requests only (``profile.budget_seconds``)."""
     names = mapping[["budget", *KEYS]].drop_duplicates("budget")
     names = names[names["quota_type"].isin(["produce", "fetch"])]
-    per_broker = _pandas(seconds.groupBy("budget", "broker").agg(F.sum("value").alias("total")))
-    top = (per_broker.merge(names, on="budget").sort_values("total", ascending=False)
+    totals = per_broker.melt(id_vars=["user", "client_id", "broker"],
+                             value_vars=["produce_total", "fetch_total"],
+                             var_name="quota_type", value_name="total")
+    totals["quota_type"] = totals["quota_type"].str.removesuffix("_total")
+    totals = totals[totals["total"] > 0].merge(
+        mapping[["user", "client_id", "quota_type", "budget"]],
+        on=["user", "client_id", "quota_type"])
+    per_broker_budget = totals.groupby(["budget", "broker"], as_index=False)["total"].sum()
+    top = (per_broker_budget.merge(names, on="budget").sort_values("total", ascending=False)
            .drop_duplicates("budget").head(n))
     if top.empty:
         return pd.DataFrame(columns=["label", "second", "value"]), {}
-    picked = seconds.sparkSession.createDataFrame(top[["budget", "broker"]],
-                                                  "budget int, broker int")
+    members = mapping[mapping["budget"].isin(top["budget"])]
+    hashes = {pair: entity for entity, pair in catalog.names.entities.items()}
+    entities = sorted({hashes[(u, c)] for u, c in zip(members["user"], members["client_id"],
+                                                      strict=True)})
+    theirs = captures.where(F.xxhash64("user", "client_id").isin(entities)
+                            & F.col("broker").isin(sorted({int(b) for b in top["broker"]})))
+    seconds = budget_seconds(entity_seconds(theirs), members, catalog.entity_frame)
+    picked = captures.sparkSession.createDataFrame(top[["budget", "broker"]],
+                                                   "budget int, broker int")
     rates = _pandas(seconds.join(F.broadcast(picked), ["budget", "broker"]))
     quotas: dict[str, list[report.QuotaLine]] = {}
     labels = {}

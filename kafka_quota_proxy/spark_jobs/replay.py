@@ -475,7 +475,7 @@ def replay_summary(captures: DataFrame, candidate: Mapping[str, Any] | None = No
     ``entity_totals``, ``throttle_histogram`` and ``match_rate`` at any capture size.
 
     ``peaks``: per entity of the capture, ``produce_peak`` and ``fetch_peak`` over ``span``
-    seconds, ``requests`` and ``moved`` (``profile.entity_profile`` with names), and
+    seconds, ``requests`` and ``moved`` (``entity_pass.split``'s profile), and
     ``clock_spread_ms`` (``bounds.clock_spread_ms``): replaying a candidate on Kafka's maths
     with no storage settings, whose budgets' spans fit in ``span`` seconds, only the requests
     of entities whose budgets may throttle (``bounds.hot_entities``) cross to the Python

@@ -2,8 +2,8 @@
 budget really needed: the load its clients offered. Pure pandas: the rule over small tables
 (one row per budget), and the offered-load estimator over a capture's rows (``demand_requests``,
 ``offered_load``, then ``offered_intervals`` and ``offered_demand`` over its segments); over a
-whole capture Spark does the first two (``profile.demand_requests``,
-``profile.offered_segments``: the same segments) and these the rest.
+whole capture the first two run in Spark's Python workers, on groups of whole entities
+(``entity_pass``: the same code, so the same segments), and these the rest.
 
 The rule (``rule_text`` says it with the numbers in force; the README and every report state
 it):
@@ -17,7 +17,7 @@ it):
   sent had no quota held them back. Not what the capture recorded per second: behind a
   throttle a client queues, and once let go it sends the queue at once, so a producer offering
   3 MB/s against a 1 MB/s quota records 11 MB/s seconds, and its quota's rate the rest of the
-  time. The estimator (``offered_load``; ``profile.offered_segments`` in Spark), per *client*
+  time. The estimator (``offered_load``; in Spark, ``entity_pass``), per *client*
   (one connection of one (user, client-id) to one broker, in one proxy run) and *segment* of
   its requests:
 
@@ -324,7 +324,7 @@ def offered_load(requests: pd.DataFrame, idle_ms: float = 11_000.0,
                  min_ms: float = 1000.0) -> pd.DataFrame:
     """Each client's offered load (what it would have sent had nothing held it back), per
     *segment* of its requests (``demand_requests``): the estimator of ``tune`` (the module's
-    docstring; ``profile.offered_segments`` is the same in Spark).
+    docstring; ``entity_pass`` runs it in Spark).
 
     - A segment ends when the client pauses (reads no request) for more than ``idle_ms`` after
       its last request's response and hold: a client that is absent offers nothing, and its
@@ -397,7 +397,7 @@ def offered_intervals(segments: pd.DataFrame, mapping: pd.DataFrame) -> pd.DataF
     ``value``, the sum of the offered loads of its ``clients`` present (a client's segment
     counts in every second from its first request to its last, the next segment of the same
     client taking over the second they share). Only seconds with a client present. From
-    ``offered_load``'s segments (Spark's ``profile.offered_segments`` too: the same code
+    ``offered_load``'s segments (Spark's ``entity_pass`` too: the same code
     then takes over)."""
     if segments.empty:
         return pd.DataFrame(columns=INTERVAL_COLUMNS)

@@ -10,12 +10,12 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.testing import assertDataFrameEqual
 
 from kafka_quota_proxy.quota.replay import Recorded, replay, settings_from_section
+from kafka_quota_proxy.spark_jobs.entity_pass import entity_pass, split, unpacked
+from kafka_quota_proxy.spark_jobs.entity_pass import packed as entity_pass_packed
 from kafka_quota_proxy.spark_jobs.held import held_seconds
 from kafka_quota_proxy.spark_jobs.profile import (
     FOR_THE_REPLAY,
-    cached_entity_seconds,
     entity_profile,
-    entity_seconds,
     per_interval,
 )
 from kafka_quota_proxy.spark_jobs.replay import (
@@ -141,9 +141,13 @@ def test_per_second_rates(spark: SparkSession) -> None:
     assert profile.loc["p", "produce_rate_max"] == 1000.0
     assert profile.loc["p", "produce_bytes"] == 2000  # as the quota counts: frames less 4 B
     assert abs(profile["request_time_share"].sum() - 1.0) < 1e-9
-    # Keyed on the entities' hashes, with the names joined back: the same profile.
-    assertDataFrameEqual(entity_profile(frame, catalog_of(frame).entity_frame)
-                         .drop(*FOR_THE_REPLAY), entity_profile(frame), checkRowOrder=False)
+    # The jobs' pass (numbers to the Python workers, the names joined back): the same profile.
+    names = catalog_of(frame).names
+    passed = split(entity_pass(frame, names).toPandas(), names)[0]
+    pd.testing.assert_frame_equal(
+        passed.drop(columns=["entity", *FOR_THE_REPLAY]),
+        profile.reset_index()[passed.columns.drop(["entity", *FOR_THE_REPLAY])]
+        .sort_values(["user", "client_id"]).reset_index(drop=True), check_dtype=False)
 
 
 def test_tune_defaults_and_overrides_for_outliers() -> None:
@@ -172,21 +176,84 @@ def test_a_quota_is_drawn_as_steps_at_each_generation() -> None:
     assert QuotaLine("x", [(0.0, 5.0)]).steps(1000, 1010) == ([0.0, 10.0], [5.0, 5.0])
 
 
-def test_the_cached_per_second_rows_skip_the_partial_aggregate(spark: SparkSession) -> None:
-    """``cached_entity_seconds``: the same rows as ``entity_seconds``, planned with one
-    aggregate after the shuffle (not a partial one before it), and the session's setting
-    left as it was."""
-    frame = burst(spark)
-    key = "spark.sql.execution.bypassPartialAggregation"
-    plain = entity_seconds(frame)  # (plans counted before they run: AQE then shows two)
-    assert plain._jdf.queryExecution().executedPlan().toString().count("HashAggregate") == 2
-    expected = plain.toPandas()
-    sec = cached_entity_seconds(frame)
-    try:
-        plan = sec._jdf.queryExecution().executedPlan().toString()
-        assert "InMemoryTableScan" in plan and plan.count("HashAggregate") == 1, plan
-        assert spark.conf.get(key, None) in (None, "false")
-        assertDataFrameEqual(sec, spark.createDataFrame(expected, sec.schema),
-                             checkRowOrder=False)
-    finally:
-        sec.unpersist()
+def test_the_pass_moves_every_request_column_whole(spark: SparkSession) -> None:
+    """``entity_pass.packed`` and ``unpacked``: extreme values (broker -1 and 2^31-1, no
+    response, sizes to 2^31-1, throttles to 2^31-1 (the largest kept), api keys other than
+    produce and fetch, replica fetches, two runs) come back as the capture holds them."""
+    big = 2**31 - 1
+    frame = capture(spark, [
+        {"seq": 1, "ts_ms": 0, "client_id": "a", "broker": -1, "response_bytes": -1,
+         "throttle_fetch_ms": big, "api_key": 1, "follower": True},
+        {"seq": 2, "ts_ms": 5, "client_id": "b", "broker": big, "request_bytes": big,
+         "response_bytes": big, "throttle_produce_ms": 7, "throttle_request_ms": 9},
+        {"seq": 3, "ts_ms": 9, "run": "s", "client_id": "a", "api_key": 18,
+         "duration_us": -1, "request_time_ms": 2.5, "connection": 2**62},
+    ])
+    names = catalog_of(frame).names
+    rows = frame.select(*entity_pass_packed(frame, names, True)).toPandas()
+    order = np.asarray([{r: i for i, r in names.runs.items()}[run]
+                        for run in sorted(names.runs.values())], dtype=np.int64)
+    back = unpacked(rows, order).sort_values("seq").reset_index(drop=True)
+    assert back["broker"].tolist() == [-1, big, 1]
+    assert back["response_bytes"].tolist() == [-1, big, 54]
+    assert back["request_bytes"].tolist() == [50, big, 50]
+    assert back["throttle_produce_ms"].tolist() == [big, 9, 0]  # the largest of the three
+    assert back["api_key"].tolist() == [1, 0, 2] and back["follower"].tolist() == [
+        True, False, False]
+    assert back["duration_us"].tolist() == [1000, 1000, -1]
+    assert back["request_time_ms"].tolist() == [0.0, 0.0, 2.5]
+    assert back["connection"].tolist() == [1, 1, 2**62]
+    assert [names.runs[r] for r in back["run"]] == ["r", "r", "s"]
+    assert [names.entities[e] for e in back["user"]] == [
+        ("ANONYMOUS", "a"), ("ANONYMOUS", "b"), ("ANONYMOUS", "a")]
+
+
+def test_the_report_draws_the_budgets_that_moved_the_most(spark: SparkSession) -> None:
+    """``main._top_budgets``: the produce/fetch budgets that moved the most bytes on one
+    broker (from the pass's bytes per broker), drawn from a pass over their own requests:
+    the same series as the per-second rows of every budget give (``budget_seconds``). Carol's
+    two client-ids share one user budget; a replica fetch and seconds below zero do not
+    count."""
+    from kafka_quota_proxy.quota.entities import QuotaType
+    from kafka_quota_proxy.spark_jobs.main import _top_budgets
+    from kafka_quota_proxy.spark_jobs.profile import budget_seconds, entity_seconds
+    from kafka_quota_proxy.spark_jobs.tune import budget_mapping
+
+    rows = []
+    for s in range(5):
+        rows += [{"seq": 10 * s, "ts_ms": 1000 * s, "user": "alice", "client_id": "a",
+                  "request_bytes": 3004},
+                 {"seq": 10 * s + 1, "ts_ms": 1000 * s + 1, "user": "carol", "client_id": "c1",
+                  "request_bytes": 1504, "broker": 2},
+                 {"seq": 10 * s + 2, "ts_ms": 1000 * s + 2, "user": "carol", "client_id": "c2",
+                  "request_bytes": 1004, "broker": 2},
+                 {"seq": 10 * s + 3, "ts_ms": 1000 * s + 3, "user": "bob", "client_id": "b",
+                  "api_key": 1, "response_bytes": 2004 if s else -1},
+                 {"seq": 10 * s + 4, "ts_ms": 1000 * s + 4, "user": "eve", "client_id": "e",
+                  "api_key": 1, "response_bytes": 9_000_004, "follower": True},
+                 {"seq": 10 * s + 5, "ts_ms": 1000 * s + 5, "user": "dan", "client_id": "d",
+                  "request_bytes": 104}]
+    frame = capture(spark, rows)
+    catalog = catalog_of(frame)
+    section = {"entities": [{"user": "carol", "producer_byte_rate": 10},
+                            {"client-id": "<default>", "producer_byte_rate": 10,
+                             "consumer_byte_rate": 10}]}
+    mapping = budget_mapping(list(catalog.names.entities.values()), section,
+                             [QuotaType.PRODUCE, QuotaType.FETCH])
+    per_broker = split(entity_pass(frame, catalog.names).toPandas(), catalog.names)[2]
+    series, quotas = _top_budgets(frame, per_broker, mapping, catalog, section, "x", [], n=3)
+    assert list(quotas) == ["clients/a produce", "users/carol produce", "clients/b fetch"]
+    every = budget_seconds(entity_seconds(frame), mapping, catalog.entity_frame).toPandas()
+    labels = {"users/carol produce": ("carol", "produce", 2),
+              "clients/a produce": ("a", "produce", 1), "clients/b fetch": ("b", "fetch", 1)}
+    for label, (name, qt, broker) in labels.items():
+        budget = mapping[(mapping["quota_type"] == qt) & (
+            (mapping["budget_user"] == name) | (mapping["budget_client"] == name))][
+            "budget"].iloc[0]
+        want = every[(every["budget"] == budget) & (every["broker"] == broker)].sort_values(
+            "second")
+        got = series[series["label"] == label]
+        assert got["second"].tolist() == want["second"].tolist()
+        assert got["value"].tolist() == want["value"].tolist()
+    assert series[series["label"] == "users/carol produce"]["value"].tolist() == [2500.0] * 5
+    assert series[series["label"] == "clients/b fetch"]["value"].tolist() == [2000.0] * 4

@@ -18,7 +18,7 @@ from kafka_quota_proxy.quota.manager import QuotaManager
 from kafka_quota_proxy.quota.replay import expiry_times, replay_rows, settings_from_section
 from kafka_quota_proxy.spark_jobs import bounds
 from kafka_quota_proxy.spark_jobs.capture import read_capture
-from kafka_quota_proxy.spark_jobs.profile import entity_profile, entity_seconds
+from kafka_quota_proxy.spark_jobs.entity_pass import entity_pass, split
 from kafka_quota_proxy.spark_jobs.replay import (
     BUCKETS,
     Names,
@@ -225,11 +225,7 @@ def test_leaving_cold_entities_out_changes_no_total(spark: SparkSession,
                                "consumer_byte_rate": 250_000},
                               {"user": "<default>", "producer_byte_rate": 50_000_000}]}
     span = bounds.span_seconds(settings_from_section(candidate), spread)
-    sec = entity_seconds(captures).cache()
-    profile = entity_profile(captures, catalog.entity_frame, sec, span).toPandas()
-    hashes = {n: e for e, n in catalog.names.entities.items()}
-    peaks = profile.assign(entity=[hashes[(u, c)] for u, c in zip(
-        profile["user"], profile["client_id"], strict=True)])
+    peaks = split(entity_pass(captures, catalog.names, span).toPandas(), catalog.names)[0]
     hot = bounds.hot_entities(peaks, settings_from_section(candidate), catalog.names.entities)
     assert 0 < len(hot) < len(catalog.names.entities)  # some are left out, not all
 
@@ -246,7 +242,6 @@ def test_leaving_cold_entities_out_changes_no_total(spark: SparkSession,
     assert some[2] == every[2]
     assert every[0]["throttled_requests"].sum() > 0
     assert every[0]["recorded_throttled_requests"].sum() > 0
-    sec.unpersist()
 
 
 def test_peaks_are_the_most_in_any_span_of_seconds() -> None:

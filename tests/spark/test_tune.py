@@ -22,6 +22,7 @@ from kafka_quota_proxy.quota.entities import EntityKey, QuotaType, metric_tags, 
 from kafka_quota_proxy.quota.replay import settings_from_section
 from kafka_quota_proxy.spark_jobs import profile, tune
 from kafka_quota_proxy.spark_jobs.capture import read_capture
+from kafka_quota_proxy.spark_jobs.entity_pass import entity_pass, split
 from kafka_quota_proxy.spark_jobs.main import run
 from kafka_quota_proxy.spark_jobs.replay import catalog_of
 from testkit.offered_load import Client, Consumer, Producer, simulate, truth, write_capture
@@ -100,7 +101,7 @@ def test_the_spark_demand_is_the_reference_rule(spark: SparkSession) -> None:
 def test_the_spark_offered_load_is_the_pandas_one(spark: SparkSession, tmp_path: Path) -> None:
     """On one simulated capture (``testkit.offered_load``: alice's producer at 3 x her quota,
     bob's consumer at 2 x his, carol's two producers sharing her quota, dave's below his, never
-    held back), the Spark estimator (``profile.demand_requests``, ``offered_segments``) gives
+    held back), the Spark estimator (``entity_pass``: one pass with the profile) gives
     the segments the pandas one does, so the same demand, and that is the offered load."""
     section = {"window": {"samples": 11, "size_seconds": 1}, "entities": [
         {"user": "<default>", "producer_byte_rate": 1_000_000,
@@ -118,17 +119,18 @@ def test_the_spark_offered_load_is_the_pandas_one(spark: SparkSession, tmp_path:
     types = ["fetch", "produce"]
     start, end = tune.whole_minutes(int(rows["ts_ms"].min()), int(rows["ts_ms"].max()), 10)
 
-    segments = profile.offered_segments(profile.demand_requests(captures, types),
-                                        catalog.run_frame, catalog.entity_frame).toPandas()
+    def spark_segments(types: list[str]) -> pd.DataFrame:
+        return split(entity_pass(captures, catalog.names, types=types).toPandas(),
+                     catalog.names)[1]
+
+    segments = spark_segments(types)
     expected = tune.offered_load(tune.demand_requests(rows, types))
     order = [*tune.CLIENT, "segment"]
     pd.testing.assert_frame_equal(segments.sort_values(order).reset_index(drop=True),
                                   expected.sort_values(order).reset_index(drop=True),
                                   check_dtype=False)
     # request time too (what crosses to the Python workers is packed: every quota type)
-    with_requests = profile.offered_segments(
-        profile.demand_requests(captures, [*types, "request"]), catalog.run_frame,
-        catalog.entity_frame).toPandas()
+    with_requests = spark_segments([*types, "request"])
     expected_all = tune.offered_load(tune.demand_requests(rows, [*types, "request"]))
     assert set(expected_all["quota_type"]) == {"fetch", "produce", "request"}
     pd.testing.assert_frame_equal(with_requests.sort_values(order).reset_index(drop=True),
