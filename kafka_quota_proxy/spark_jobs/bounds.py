@@ -33,8 +33,6 @@ from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 from kafka_quota_proxy.quota.entities import QuotaType, resolve
 from kafka_quota_proxy.quota.manager import KAFKA, QuotaSettings
@@ -50,12 +48,14 @@ def applies(settings: QuotaSettings) -> bool:
     return settings.pacing == KAFKA and settings.samples >= 2
 
 
-def clock_spread_ms(names: DataFrame) -> int:
+def clock_spread_ms(names: pd.DataFrame) -> int:
     """The largest spread of ``quota_ms - ts_ms`` over the rows of one run, from
-    ``replay.name_counts`` (its ``min_offset_ms`` and ``max_offset_ms``)."""
-    row = (names.groupBy("run").agg((F.max("max_offset_ms") - F.min("min_offset_ms"))
-                                    .alias("spread")).agg(F.max("spread")).first())
-    return int(row[0] or 0) if row is not None else 0
+    ``replay.names_of`` (its ``min_offset_ms`` and ``max_offset_ms``)."""
+    if names.empty:
+        return 0
+    runs = names.groupby("run").agg(low=("min_offset_ms", "min"), high=("max_offset_ms", "max"))
+    spread = (runs["high"] - runs["low"]).max()
+    return 0 if pd.isna(spread) else int(spread)
 
 
 def span_seconds(settings: QuotaSettings, spread_ms: int) -> int:

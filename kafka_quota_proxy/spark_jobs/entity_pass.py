@@ -213,9 +213,13 @@ def split(rows: pd.DataFrame, names: Names
       the replay's ``entity``, ``produce_peak``, ``fetch_peak`` and ``moved``;
     - the offered-load segments (``tune.SEGMENT_COLUMNS``, with the names);
     - per (user, client-id, broker): ``produce_total``, ``fetch_total``."""
+    # (by pandas' own lookups: a segment a client, some hundred thousand of them)
+    users = pd.Series({e: u for e, (u, _) in names.entities.items()}, dtype=object)
+    clients = pd.Series({e: c for e, (_, c) in names.entities.items()}, dtype=object)
+
     def named(frame: pd.DataFrame) -> pd.DataFrame:
-        pairs = [names.entities[e] for e in frame["entity"]]
-        return frame.assign(user=[u for u, _ in pairs], client_id=[c for _, c in pairs])
+        return frame.assign(user=frame["entity"].map(users).to_numpy(),
+                            client_id=frame["entity"].map(clients).to_numpy())
 
     part = rows["part"].to_numpy()
     profile = named(rows.loc[part == PROFILE_PART, _PROFILE_COLUMNS].reset_index(drop=True))
@@ -229,7 +233,7 @@ def split(rows: pd.DataFrame, names: Names
     seg = rows.loc[part == SEGMENT_PART].reset_index(drop=True)
     seg = named(seg).assign(
         quota_type=np.asarray(QUOTA_TYPES, dtype=object)[seg["kind"].to_numpy()],
-        run=[names.runs[r] for r in seg["run_id"]])
+        run=seg["run_id"].map(pd.Series(names.runs, dtype=object)).to_numpy())
     segments = seg[["quota_type", "run", "broker", "connection", "user", "client_id",
                     *_SEGMENT_FIGURES]]
     segments = segments.astype({"broker": "int32", "connection": "int64", "segment": "int64",

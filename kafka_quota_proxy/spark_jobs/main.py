@@ -38,7 +38,7 @@ from kafka_quota_proxy.spark_jobs.replay import (
     catalog_of,
     entity_totals,
     match_rate,
-    name_counts,
+    names_of,
     overlapping,
     process_spans,
     replay_summary,
@@ -86,7 +86,7 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
     captures = read_capture(spark, capture_dir)
     live = read_live_configs(capture_dir)
     storage = read_storage_settings(capture_dir)
-    names = name_counts(captures).cache()  # one pass over the capture for its names
+    names = names_of(captures)  # one pass over the capture for its names
     spans = process_spans(captures, names)  # per process: requests, first, last, clock offset
     start_s, end_s = whole_minutes(int(spans["first_ms"].min()), int(spans["last_ms"].max()),
                                    options.span_seconds)
@@ -95,9 +95,8 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
                              "whole minutes": int(minutes) if minutes.is_integer()
                              else round(minutes, 2),
                              "processes": len(spans)}
-    catalog = catalog_of(names)  # the names the replays move as numbers
+    catalog = catalog_of(captures, names)  # the names the replays move as numbers
     spread = clock_spread_ms(names)  # (how far the quota clocks wander from the wall clock)
-    names.unpersist()
     pairs = list(catalog.names.entities.values())
     phase("read")
 

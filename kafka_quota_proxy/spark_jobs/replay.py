@@ -83,21 +83,24 @@ class Catalog:
     entity_frame: DataFrame  # entity, user, client_id
 
 
-def catalog_of(captures: DataFrame) -> Catalog:
+def catalog_of(captures: DataFrame, names: pd.DataFrame | None = None) -> Catalog:
     """One pass over the capture's name columns (a few distinct values among many rows), or
-    over its ``name_counts``."""
-    rows = (captures.select("run", "user", "client_id").distinct()
-            .select(F.xxhash64("run").alias("run_id"), "run",
-                    F.xxhash64("user", "client_id").alias("entity"), "user", "client_id")
-            .collect())
+    over its ``name_counts``; none with ``names`` (``names_of``: the names collected with
+    their hashes)."""
+    if names is None:
+        names = (captures.select("run", "user", "client_id").distinct()
+                 .select(F.xxhash64("run").alias("run_id"), "run",
+                         F.xxhash64("user", "client_id").alias("entity"), "user", "client_id")
+                 .toPandas())
     runs: dict[int, str] = {}
     entities: dict[int, tuple[str, str]] = {}
-    for r in rows:
-        if runs.setdefault(r["run_id"], r["run"]) != r["run"]:
-            raise ValueError(f"runs {runs[r['run_id']]!r} and {r['run']!r} share a hash")
-        names = (r["user"], r["client_id"])
-        if entities.setdefault(r["entity"], names) != names:
-            raise ValueError(f"entities {entities[r['entity']]} and {names} share a hash")
+    for run_id, run, entity, user, client_id in names[
+            ["run_id", "run", "entity", "user", "client_id"]].itertuples(index=False):
+        if runs.setdefault(int(run_id), run) != run:
+            raise ValueError(f"runs {runs[int(run_id)]!r} and {run!r} share a hash")
+        pair = (user, client_id)
+        if entities.setdefault(int(entity), pair) != pair:
+            raise ValueError(f"entities {entities[int(entity)]} and {pair} share a hash")
     spark = captures.sparkSession
     run_frame = spark.createDataFrame(list(runs.items()), "run_id long, run string")
     entity_frame = spark.createDataFrame([(k, u, c) for k, (u, c) in entities.items()],
@@ -551,7 +554,15 @@ def name_counts(captures: DataFrame) -> DataFrame:
         F.max(offset).alias("max_offset_ms"))
 
 
-def process_spans(captures: DataFrame, names: DataFrame | None = None) -> pd.DataFrame:
+def names_of(captures: DataFrame) -> pd.DataFrame:
+    """``name_counts`` collected, with the hashes the replays move the names as (``run_id``,
+    ``entity``: ``catalog_of``'s): one job, from which ``catalog_of``, ``process_spans`` and
+    ``bounds.clock_spread_ms`` take what they need in the driver."""
+    return cast(pd.DataFrame, name_counts(captures).withColumns({
+        "run_id": F.xxhash64("run"), "entity": F.xxhash64("user", "client_id")}).toPandas())
+
+
+def process_spans(captures: DataFrame, names: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per process (``process``, ``instance``, ``run``; capture schema v4, defaulted for older
     captures by ``capture.with_processes``): requests, the first and last ``ts_ms``, and, when
     processes ran at the same time (``overlapping``), the offset of its quota clock from the
@@ -559,13 +570,12 @@ def process_spans(captures: DataFrame, names: DataFrame | None = None) -> pd.Dat
     request was read, ``quota_ms`` when it was recorded: the median takes the usual gap
     between the two with it, the same for every process); otherwise NaN (a capture of one
     process at a time is never put on one clock, and the median is a pass of its own).
-    ``names``: ``name_counts(captures)``, when the caller has it."""
+    ``names``: ``names_of(captures)``, when the caller has it."""
     keys = ["process", "instance", "run"]
-    rows = (names if names is not None else name_counts(captures)).groupBy(*keys).agg(
-        F.sum("requests").alias("requests"), F.min("first_ms").alias("first_ms"),
-        F.max("last_ms").alias("last_ms")).collect()
-    out = pd.DataFrame([r.asDict() for r in rows],
-                       columns=[*keys, "requests", "first_ms", "last_ms"])
+    counts = names if names is not None else names_of(captures)
+    out = counts.groupby(keys, as_index=False, sort=False).agg(
+        requests=("requests", "sum"), first_ms=("first_ms", "min"), last_ms=("last_ms", "max"))
+    out = out.astype({"requests": "int64", "first_ms": "int64", "last_ms": "int64"})
     out["offset_ms"] = np.nan
     if overlapping(out):
         offsets = captures.groupBy(*keys).agg(F.percentile_approx(

@@ -27,7 +27,7 @@ from kafka_quota_proxy.spark_jobs.replay import (
     catalog_of,
     entity_totals,
     match_rate,
-    name_counts,
+    names_of,
     packed,
     replay_summary,
     throttle_histogram,
@@ -218,8 +218,8 @@ def test_leaving_cold_entities_out_changes_no_total(spark: SparkSession,
                           "consumer_byte_rate": 300_000}]}
     generate(tmp_path / "capture", 60_000, 40, 3, duration_s=120, instances=2, live=live)
     captures = read_capture(spark, tmp_path / "capture")
-    names = name_counts(captures).cache()
-    catalog = catalog_of(names)
+    names = names_of(captures)
+    catalog = catalog_of(captures, names)
     spread = bounds.clock_spread_ms(names)
     candidate = {"entities": [{"client-id": "<default>", "producer_byte_rate": 150_000,
                                "consumer_byte_rate": 250_000},
