@@ -30,7 +30,7 @@ from kafka_quota_proxy.spark_jobs.replay import Names
 from kafka_quota_proxy.spark_jobs.tune import (
     SEGMENT_COLUMNS,
     THROTTLES,
-    demand_requests,
+    demand_arrays,
     offered_load,
 )
 
@@ -160,11 +160,11 @@ def broker_bytes(sec: pd.DataFrame) -> pd.DataFrame:
 
 def _segments(c: pd.DataFrame, types: list[str], idle_ms: float, min_ms: float
               ) -> pd.DataFrame:
-    rows = demand_requests(c, types)
-    # the quota type as its index: offered_load sorts numbers faster than names
-    rows["quota_type"] = rows["quota_type"].map(
-        {t: i for i, t in enumerate(QUOTA_TYPES)}).astype(np.int32)
-    out = offered_load(rows, idle_ms, min_ms)
+    parts = demand_arrays(c, types)
+    assert parts is not None  # (types: some)
+    # the quota type as its index in QUOTA_TYPES: offered_load sorts numbers faster than names
+    kind = np.asarray([QUOTA_TYPES.index(t) for t in types], dtype=np.int32)[parts.pop("kind")]
+    out = offered_load(pd.DataFrame({"quota_type": kind, **parts}), idle_ms, min_ms)
     return out.drop(columns="client_id").rename(
         columns={"quota_type": "kind", "run": "run_id", "user": "entity"})
 

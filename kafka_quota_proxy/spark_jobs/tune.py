@@ -284,31 +284,51 @@ def demand_requests(captures: pd.DataFrame, types: Iterable[str]) -> pd.DataFram
     Fetch's response when the broker cut it, so at its response), what it recorded
     (``value``: bytes, or request time in percent of one thread x seconds) and the hold that
     followed it (``held_ms``: the largest of its three throttles, as the client was held)."""
-    c = captures
-    read = c["ts_ms"].astype("float64")
-    resp = read + np.maximum(c["duration_us"].astype("float64"), 0.0) / 1000.0
-    held = c[THROTTLES].max(axis=1).astype("float64")
-    answered = ~c["follower"].astype(bool) & (c["response_bytes"] >= 0)
-    parts = []
-    for qt in types:
-        if qt == "produce":
-            mask, value, at = c["api_key"] == 0, c["request_bytes"] - 4.0, read
-        elif qt == "fetch":
-            mask, value, at = (c["api_key"] == 1) & answered, c["response_bytes"] - 4.0, resp
-        else:
-            elapsed = c["request_time_ms"].where(c["request_time_ms"] > 0,
-                                                 c["duration_us"] / 1000.0)
-            mask, value, at = answered, elapsed / 10.0, read
-        part = pd.DataFrame({"quota_type": qt, "run": c["run"], "broker": c["broker"],
-                             "connection": c["connection"], "user": c["user"],
-                             "client_id": c["client_id"], "seq": c["seq"], "read_ms": read,
-                             "resp_ms": resp, "at_ms": at, "value": value.astype("float64"),
-                             "held_ms": held})
-        parts.append(part[mask.to_numpy()])
-    if not parts:
+    types = list(types)
+    parts = demand_arrays(captures, types)
+    if parts is None:
         return pd.DataFrame(columns=[*CLIENT, "seq", "read_ms", "resp_ms", "at_ms", "value",
                                      "held_ms"])
-    return pd.concat(parts, ignore_index=True)
+    kind = parts.pop("kind")
+    return pd.DataFrame({"quota_type": np.asarray(types, dtype=object)[kind], **parts})
+
+
+def demand_arrays(captures: pd.DataFrame, types: Iterable[str]) -> dict[str, Any] | None:
+    """``demand_requests``' rows as numpy arrays (None for no type), the quota type as
+    ``kind``, its index in ``types``: what the Spark pass (``entity_pass``) estimates from,
+    without a column of names."""
+    types = list(types)
+    if not types:
+        return None
+    c = captures
+    read = c["ts_ms"].to_numpy(dtype=np.float64)
+    resp = read + np.maximum(c["duration_us"].to_numpy(dtype=np.float64), 0.0) / 1000.0
+    held = np.maximum.reduce([c[t].to_numpy() for t in THROTTLES]).astype(np.float64)
+    api_key = c["api_key"].to_numpy()
+    response = c["response_bytes"].to_numpy()
+    answered = ~c["follower"].to_numpy(dtype=bool) & (response >= 0)
+    masks, values, ats = [], [], []
+    for qt in types:
+        if qt == "produce":
+            mask, value, at = api_key == 0, c["request_bytes"].to_numpy() - 4.0, read
+        elif qt == "fetch":
+            mask, value, at = (api_key == 1) & answered, response - 4.0, resp
+        else:
+            rt = c["request_time_ms"].to_numpy(dtype=np.float64)
+            elapsed = np.where(rt > 0, rt, c["duration_us"].to_numpy(dtype=np.float64) / 1000.0)
+            mask, value, at = answered, elapsed / 10.0, read
+        masks.append(mask)
+        values.append(np.asarray(value, dtype=np.float64)[mask])
+        ats.append(at[mask])
+    rows = np.concatenate([np.flatnonzero(m) for m in masks])
+    out: dict[str, Any] = {
+        "kind": np.concatenate([np.full(int(m.sum()), i, dtype=np.int32)
+                                for i, m in enumerate(masks)])}
+    for column in ("run", "broker", "connection", "user", "client_id", "seq"):
+        out[column] = c[column].to_numpy()[rows]
+    out.update({"read_ms": read[rows], "resp_ms": resp[rows], "at_ms": np.concatenate(ats),
+                "value": np.concatenate(values), "held_ms": held[rows]})
+    return out
 
 
 def _traffic_ms(n: Any, first: Any, last: Any, min_ms: float) -> Any:
@@ -318,6 +338,36 @@ def _traffic_ms(n: Any, first: Any, last: Any, min_ms: float) -> Any:
     span = np.where(n > 1, (np.asarray(last) - np.asarray(first)) * n / np.maximum(n - 1, 1),
                     0.0)
     return np.maximum(span, min_ms)
+
+
+def _shifted(values: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """Each row's previous row's value within its run (``first``: a run's first row): NaN at
+    a run's first row."""
+    out = np.empty(len(values))
+    out[0] = np.nan
+    out[1:] = values[:-1]
+    out[first] = np.nan
+    return out
+
+
+def _running(op: np.ufunc, values: np.ndarray, run: np.ndarray) -> np.ndarray:
+    """``op`` (``np.maximum`` or ``np.minimum``) accumulated over each run of rows (``run``:
+    its number, ascending), NaN values skipped (NaN until a run's first value). Exact: the
+    values are ranked (their order is all an extreme needs) and each run's ranks are set above
+    every earlier run's, so one accumulation over all rows never carries a value across runs."""
+    out = np.full(len(values), np.nan)
+    present = ~np.isnan(values)
+    if not present.any():
+        return out
+    distinct, rank = np.unique(values[present], return_inverse=True)
+    width = len(distinct) + 1
+    ranks = np.zeros(len(values), dtype=np.int64)  # 0: no value yet
+    ranks[present] = (rank + 1) if op is np.maximum else (width - 1 - rank)
+    keyed = np.maximum.accumulate(run.astype(np.int64) * width + ranks) - run * width
+    found = keyed > 0
+    index = keyed[found] - 1 if op is np.maximum else width - 1 - keyed[found]
+    out[found] = distinct[index]
+    return out
 
 
 def offered_load(requests: pd.DataFrame, idle_ms: float = 11_000.0,
@@ -348,37 +398,49 @@ def offered_load(requests: pd.DataFrame, idle_ms: float = 11_000.0,
         r = r.reset_index(drop=True)
     else:
         r = requests.sort_values(order).reset_index(drop=True)
-    # One number per client (and per segment of it, below): grouping by it is grouping by the
-    # client's columns, at a fraction of the cost.
-    by = r.groupby(CLIENT, sort=False).ngroup()
-    end = r["resp_ms"] + r["held_ms"]  # the last moment the request held the client
-    before = end.groupby(by, sort=False).cummax().groupby(by, sort=False).shift()
-    hold_end = end.where(r["held_ms"] > 0)
-    held_before = (hold_end.groupby(by, sort=False).cummax().groupby(by, sort=False).ffill()
-                   .groupby(by, sort=False).shift())
-    previous = r["read_ms"].groupby(by, sort=False).shift()
-    read = r["read_ms"]
-    starts = (before.isna() | (read - before > idle_ms)
-              | (held_before.notna() & (read - held_before > idle_ms)
-                 & (previous - held_before <= idle_ms)))
-    r["segment"] = starts.astype("int64").groupby(by, sort=False).cumsum()
-    keys = [*CLIENT, "segment"]
+    # The rows are in order of client, then read: each client is a run of rows (``first``:
+    # its first row), and so is each segment of it. numpy over those runs, where pandas'
+    # groupby factorized the clients again at every step (3 x the time).
+    n = len(r)
+    first = np.zeros(n, dtype=bool)
+    first[0] = True
+    for k in CLIENT:
+        column = r[k].to_numpy()
+        first[1:] |= column[1:] != column[:-1]
+    client = np.cumsum(first) - 1
+    read = r["read_ms"].to_numpy(dtype=np.float64)
+    resp = r["resp_ms"].to_numpy(dtype=np.float64)
+    held = r["held_ms"].to_numpy(dtype=np.float64)
+    end = resp + held  # the last moment the request held the client
+    before = _shifted(_running(np.maximum, end, client), first)
+    held_before = _shifted(_running(np.maximum, np.where(held > 0, end, np.nan), client), first)
+    previous = _shifted(read, first)
+    with np.errstate(invalid="ignore"):
+        starts = (np.isnan(before) | (read - before > idle_ms)
+                  | (~np.isnan(held_before) & (read - held_before > idle_ms)
+                     & (previous - held_before <= idle_ms)))
+    segment_id = np.cumsum(starts) - 1  # (every client's first row starts a segment)
+    heads = np.flatnonzero(starts)
     # the first hold of the segment among the requests read so far (a request read later
     # cannot have started a hold before this one was read)
-    by_segment = r.groupby([by, r["segment"]], sort=False).ngroup()
-    hold_from = (r["resp_ms"].where(r["held_ms"] > 0).groupby(by_segment, sort=False).cummin()
-                 .groupby(by_segment, sort=False).ffill())
-    free = hold_from.isna() | (read < hold_from)
-    r["free_value"] = r["value"].where(free, 0.0)
-    r["free_at"] = r["at_ms"].where(free)
-    r["is_free"] = free.astype("int64")
-    segments = r.groupby(by_segment, sort=False)
-    out = segments.agg(
-        first_ms=("at_ms", "min"), last_ms=("at_ms", "max"), requests=("value", "size"),
-        bytes=("value", "sum"), free_requests=("is_free", "sum"),
-        free_bytes=("free_value", "sum"), free_first=("free_at", "min"),
-        free_last=("free_at", "max")).reset_index(drop=True)
-    out = pd.concat([r.loc[segments.head(1).index, keys].reset_index(drop=True), out], axis=1)
+    hold_from = _running(np.minimum, np.where(held > 0, resp, np.nan), segment_id)
+    with np.errstate(invalid="ignore"):
+        free = np.isnan(hold_from) | (read < hold_from)
+    at = r["at_ms"].to_numpy(dtype=np.float64)
+    value = r["value"].to_numpy(dtype=np.float64)
+    count = np.diff(np.r_[heads, n])
+    free_at = np.where(free, at, np.nan)
+    out = r.loc[heads, list(CLIENT)].reset_index(drop=True)
+    out["segment"] = (segment_id[heads] - segment_id[heads[np.flatnonzero(first[heads])]][
+        client[heads]] + 1)
+    out["first_ms"] = np.minimum.reduceat(at, heads)
+    out["last_ms"] = np.maximum.reduceat(at, heads)
+    out["requests"] = count
+    out["bytes"] = np.add.reduceat(value, heads)
+    out["free_requests"] = np.add.reduceat(free.astype(np.int64), heads)
+    out["free_bytes"] = np.add.reduceat(np.where(free, value, 0.0), heads)
+    out["free_first"] = np.fmin.reduceat(free_at, heads)
+    out["free_last"] = np.fmax.reduceat(free_at, heads)
     out["rate"] = out["bytes"] * 1000.0 / _traffic_ms(out["requests"], out["first_ms"],
                                                       out["last_ms"], min_ms)
     out["free_rate"] = out["free_bytes"] * 1000.0 / _traffic_ms(

@@ -245,3 +245,112 @@ def test_the_demand_over_intervals_is_the_demand_over_seconds() -> None:
             tune.offered_demand(intervals, 1020, 1560, q, span),
             tune.budget_demand(seconds, 1020, 1560, q, span)))
         pd.testing.assert_frame_equal(got, expected, check_dtype=False, rtol=1e-12)
+
+
+def test_each_request_records_into_the_types_the_quotas_count_it_in() -> None:
+    """``demand_requests`` (and ``demand_arrays``, what the Spark pass reads): a Produce records
+    its request less 4 B when read; a consumer Fetch its response less 4 B when the response
+    started; any answered request (not a replica fetch) its request time, the exact one where
+    recorded, else its duration; a Fetch with no response and a replica fetch record no bytes;
+    the hold is the largest throttle."""
+    base = {"run": "r", "broker": 1, "connection": 7, "user": "u", "client_id": "c",
+            "request_time_ms": 0.0, "follower": False, "throttle_produce_ms": 0,
+            "throttle_fetch_ms": 0, "throttle_request_ms": 0, "request_bytes": 104,
+            "response_bytes": 54}
+    rows = pd.DataFrame([
+        {**base, "seq": 1, "ts_ms": 1000, "duration_us": 2500, "api_key": 0,
+         "throttle_request_ms": 30, "throttle_produce_ms": 20},
+        {**base, "seq": 2, "ts_ms": 2000, "duration_us": -1, "api_key": 1,
+         "response_bytes": 1004, "request_time_ms": 0.75},
+        {**base, "seq": 3, "ts_ms": 3000, "duration_us": 4000, "api_key": 1,
+         "response_bytes": -1},
+        {**base, "seq": 4, "ts_ms": 4000, "duration_us": 1000, "api_key": 1,
+         "response_bytes": 9004, "follower": True},
+        {**base, "seq": 5, "ts_ms": 5000, "duration_us": 1000, "api_key": 3},
+    ])
+    got = tune.demand_requests(rows, ["produce", "fetch", "request"])
+    seen = [(r.quota_type, r.seq, r.value, r.at_ms, r.held_ms) for r in got.itertuples()]
+    assert seen == [("produce", 1, 100.0, 1000.0, 30.0), ("fetch", 2, 1000.0, 2000.0, 0.0),
+                    ("request", 1, 0.25, 1000.0, 30.0), ("request", 2, 0.075, 2000.0, 0.0),
+                    ("request", 5, 0.1, 5000.0, 0.0)]
+    assert got["resp_ms"].tolist() == [1002.5, 2000.0, 1002.5, 2000.0, 5001.0]
+    arrays = tune.demand_arrays(rows, ["request", "fetch"])
+    assert arrays is not None and arrays["kind"].tolist() == [0, 0, 0, 1]
+    assert tune.demand_arrays(rows, []) is None
+    assert list(tune.demand_requests(rows, []).columns) == list(got.columns)
+
+
+def plain_offered_load(requests: pd.DataFrame, idle_ms: float = 11_000.0,
+                       min_ms: float = 1000.0) -> pd.DataFrame:
+    """``tune.offered_load`` as pandas groupbys over each client's rows, step by step (the
+    estimator's first form): the oracle for its numpy runs."""
+    r = requests.sort_values([*tune.CLIENT, "read_ms", "seq"]).reset_index(drop=True)
+    by = r.groupby(tune.CLIENT, sort=False).ngroup()
+    end = r["resp_ms"] + r["held_ms"]
+    before = end.groupby(by).cummax().groupby(by).shift()
+    hold_end = end.where(r["held_ms"] > 0)
+    held_before = hold_end.groupby(by).cummax().groupby(by).ffill().groupby(by).shift()
+    previous = r["read_ms"].groupby(by).shift()
+    read = r["read_ms"]
+    starts = (before.isna() | (read - before > idle_ms)
+              | (held_before.notna() & (read - held_before > idle_ms)
+                 & (previous - held_before <= idle_ms)))
+    r["segment"] = starts.astype("int64").groupby(by).cumsum()
+    seg = r.groupby([by, r["segment"]], sort=False).ngroup()
+    hold_from = (r["resp_ms"].where(r["held_ms"] > 0).groupby(seg).cummin()
+                 .groupby(seg).ffill())
+    free = hold_from.isna() | (read < hold_from)
+    r["free_value"] = r["value"].where(free, 0.0)
+    r["free_at"] = r["at_ms"].where(free)
+    r["is_free"] = free.astype("int64")
+    groups = r.groupby(seg, sort=False)
+    out = groups.agg(first_ms=("at_ms", "min"), last_ms=("at_ms", "max"),
+                     requests=("value", "size"), bytes=("value", "sum"),
+                     free_requests=("is_free", "sum"), free_bytes=("free_value", "sum"),
+                     free_first=("free_at", "min"), free_last=("free_at", "max"))
+    out = pd.concat([r.loc[groups.head(1).index, [*tune.CLIENT, "segment"]]
+                     .reset_index(drop=True), out.reset_index(drop=True)], axis=1)
+    out["rate"] = out["bytes"] * 1000.0 / tune._traffic_ms(
+        out["requests"], out["first_ms"], out["last_ms"], min_ms)
+    out["free_rate"] = out["free_bytes"] * 1000.0 / tune._traffic_ms(
+        out["free_requests"], out["free_first"], out["free_last"], min_ms)
+    out["offered"] = np.maximum(out["rate"], out["free_rate"])
+    return out[tune.SEGMENT_COLUMNS]
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_the_estimator_is_the_plain_groupby_computation(seed: int) -> None:
+    """Random requests of a few clients (several runs, brokers, connections and entities;
+    holds of up to 20 s, so segments that end at a pause and at a client free again; reads out
+    of order; every quota type): the numpy estimator gives every segment the plain one does."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 3000))
+    rows = pd.DataFrame({
+        "run": rng.integers(0, 2, n), "broker": rng.integers(-1, 2, n).astype(np.int32),
+        "connection": rng.integers(0, 3, n), "seq": rng.permutation(n),
+        # names, or numbers as the Spark pass moves them (numpy's sort)
+        "user": rng.choice(["u", "v"], n) if seed % 2 else rng.choice([-(2**62), 5], n),
+        "client_id": rng.choice(["a", "b"], n) if seed % 2 else 0,
+        "ts_ms": rng.integers(0, 200_000, n), "duration_us": rng.choice([-1, 0, 500, 30_000], n),
+        "api_key": rng.integers(0, 3, n).astype(np.int16), "follower": rng.random(n) < 0.1,
+        "request_bytes": rng.integers(0, 10**6, n).astype(np.int32),
+        "response_bytes": rng.choice([-1, 4, 1000, 50_000], n).astype(np.int32),
+        "request_time_ms": rng.random(n) * 2,
+        "throttle_produce_ms": np.where(rng.random(n) < 0.1, rng.integers(1, 20_000, n), 0),
+        "throttle_fetch_ms": 0,
+        "throttle_request_ms": np.where(rng.random(n) < 0.05, rng.integers(1, 5000, n), 0)})
+    demand = tune.demand_requests(rows, ["produce", "fetch", "request"])
+    got = tune.offered_load(demand)
+    want = plain_offered_load(demand)
+    assert got["segment"].max() > 1 or n < 50  # (segments end within clients)
+    pd.testing.assert_frame_equal(got, want, check_dtype=False, rtol=1e-12)
+
+
+def test_running_extremes_skip_gaps_and_stay_within_their_run() -> None:
+    values = np.array([np.nan, 3.0, 1.0, np.nan, 5.0, 2.0, np.nan, -1.0, np.nan])
+    run = np.array([0, 0, 0, 0, 1, 1, 2, 2, 3])
+    top = tune._running(np.maximum, values, run)
+    low = tune._running(np.minimum, values, run)
+    np.testing.assert_array_equal(top, [np.nan, 3, 3, 3, 5, 5, np.nan, -1, np.nan])
+    np.testing.assert_array_equal(low, [np.nan, 3, 1, 1, 5, 2, np.nan, -1, np.nan])
+    assert np.isnan(tune._running(np.maximum, np.full(3, np.nan), np.zeros(3, int))).all()
