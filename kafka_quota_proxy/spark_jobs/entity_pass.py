@@ -35,7 +35,9 @@ from kafka_quota_proxy.spark_jobs.tune import (
 )
 
 ENTITY_GROUPS = 32  # groups of entities: work for every core, few calls into Python
-PROFILE_PART, SEGMENT_PART, BYTES_PART = 0, 1, 2  # ``part``: which result a row belongs to
+# ``part``: which result a row belongs to
+PROFILE_PART, SEGMENT_PART, BYTES_PART, RECORDED_PART = 0, 1, 2, 3
+BUCKET_MS = 100  # the recorded throttles' buckets (``profile.recorded_throttles``')
 _LOW32 = 0xFFFFFFFF
 _PROFILE_COLUMNS = [c.split()[0] for c in PROFILE.split(", ")]  # entity first
 _SEGMENT_FIGURES = ["segment", "first_ms", "last_ms", "requests", "bytes", "free_requests",
@@ -44,13 +46,15 @@ _SEGMENT_FIGURES = ["segment", "first_ms", "last_ms", "requests", "bytes", "free
 # type's index in ``QUOTA_TYPES``; ``run_id``, the run's hash; ``requests`` shared with the
 # profile), and an entity's bytes on one broker (``produce_total``, ``fetch_total``: its
 # per-second produce and fetch bytes summed where above zero, as ``profile.budget_seconds``
-# keeps them). Columns that are not a row's own are 0 (numbers) or NaN.
+# keeps them), and the throttles recorded per entity and bucket (``bucket_ms``,
+# ``throttle_ms``, with ``requests`` and ``moved``: ``profile.recorded_throttles``'). Columns
+# that are not a row's own are 0 (numbers) or NaN.
 SCHEMA = ", ".join([
     "part int", *[c for c in PROFILE.split(", ")],
     "broker int", "kind int", "run_id long", "connection long", "segment long",
     "first_ms double", "last_ms double", "bytes double", "free_requests long",
     "free_bytes double", "rate double", "free_rate double", "offered double",
-    "produce_total double", "fetch_total double"])
+    "produce_total double", "fetch_total double", "bucket_ms int", "throttle_ms long"])
 _SCHEMA_COLUMNS = [c.split()[0] for c in SCHEMA.split(", ")]
 _INTEGERS = [c.split()[0] for c in SCHEMA.split(", ") if c.split()[1] in ("int", "long")]
 
@@ -158,6 +162,21 @@ def broker_bytes(sec: pd.DataFrame) -> pd.DataFrame:
     return positive.groupby(keys, sort=False).sum().reset_index()
 
 
+def recorded(c: pd.DataFrame, bucket_ms: int = BUCKET_MS) -> pd.DataFrame:
+    """What ``profile.recorded_throttles`` sums, from capture rows (``unpacked``: the entity
+    in ``user``, the hold in ``throttle_produce_ms``): per (entity, throttle bucket) of the
+    requests held back, ``requests``, ``throttle_ms`` (the hold) and ``moved`` (a fetch's
+    response bytes, any other request's)."""
+    held = c[THROTTLES[0]].to_numpy().astype(np.int64)
+    kept = held > 0
+    moved = np.where(c["api_key"].to_numpy() == 1, c["response_bytes"].to_numpy(),
+                     c["request_bytes"].to_numpy()).astype(np.int64)
+    rows = pd.DataFrame({"entity": c["user"].to_numpy()[kept],
+                         "bucket_ms": held[kept] // bucket_ms * bucket_ms,
+                         "requests": 1, "throttle_ms": held[kept], "moved": moved[kept]})
+    return rows.groupby(["entity", "bucket_ms"], as_index=False, sort=False).sum()
+
+
 def _segments(c: pd.DataFrame, types: list[str], idle_ms: float, min_ms: float
               ) -> pd.DataFrame:
     parts = demand_arrays(c, types)
@@ -176,7 +195,7 @@ def per_group(pdf: pd.DataFrame, run_ids: np.ndarray, span: int, types: list[str
     c = unpacked(pdf, run_ids)
     sec = per_second_rows(c)
     parts = [per_second_profile(sec, span).assign(part=PROFILE_PART),
-             broker_bytes(sec).assign(part=BYTES_PART)]
+             broker_bytes(sec).assign(part=BYTES_PART), recorded(c).assign(part=RECORDED_PART)]
     if types:
         parts.append(_segments(c, types, idle_ms, min_ms).assign(part=SEGMENT_PART))
     # (each part given every integer column first: a column missing from one part would
@@ -205,14 +224,15 @@ def entity_pass(captures: DataFrame, names: Names, span: int = 13,
 
 
 def split(rows: pd.DataFrame, names: Names
-          ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """``entity_pass``'s rows (in the driver) as three tables:
+          ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """``entity_pass``'s rows (in the driver) as four tables:
 
     - the profile: per (user, client-id), its figures (``profile.entity_profile``'s, in
       that order: ``request_time_share`` the entity's share of all request time) and, last,
       the replay's ``entity``, ``produce_peak``, ``fetch_peak`` and ``moved``;
     - the offered-load segments (``tune.SEGMENT_COLUMNS``, with the names);
-    - per (user, client-id, broker): ``produce_total``, ``fetch_total``."""
+    - per (user, client-id, broker): ``produce_total``, ``fetch_total``;
+    - the recorded throttles (``profile.recorded_throttles``' columns)."""
     # (by pandas' own lookups: a segment a client, some hundred thousand of them)
     users = pd.Series({e: u for e, (u, _) in names.entities.items()}, dtype=object)
     clients = pd.Series({e: c for e, (_, c) in names.entities.items()}, dtype=object)
@@ -242,4 +262,8 @@ def split(rows: pd.DataFrame, names: Names
     per_broker = named(rows.loc[part == BYTES_PART, ["entity", "broker", "produce_total",
                                                        "fetch_total"]].reset_index(drop=True))
     per_broker = per_broker[["user", "client_id", "broker", "produce_total", "fetch_total"]]
-    return profile, segments[SEGMENT_COLUMNS], per_broker.astype({"broker": "int32"})
+    held = named(rows.loc[part == RECORDED_PART, ["entity", "bucket_ms", "requests",
+                                                  "throttle_ms", "moved"]])
+    held = held[["user", "client_id", "bucket_ms", "requests", "throttle_ms", "moved"]]
+    return (profile, segments[SEGMENT_COLUMNS], per_broker.astype({"broker": "int32"}),
+            held.astype({"bucket_ms": "int32"}).reset_index(drop=True))

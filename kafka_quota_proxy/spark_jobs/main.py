@@ -30,7 +30,6 @@ from kafka_quota_proxy.spark_jobs.profile import (
     FOR_THE_REPLAY,
     budget_seconds,
     entity_seconds,
-    recorded_throttles,
 )
 from kafka_quota_proxy.spark_jobs.replay import (
     Catalog,
@@ -127,13 +126,12 @@ def run(capture_dir: str | Path, out_dir: str | Path, candidate: Mapping[str, An
     # One pass over the requests (``entity_pass``): the profile, each entity's bytes per
     # broker and, tuning, the load its clients offered (``tune.offered_load``: what each client
     # would have sent had nothing held it back, not the recorded bursts).
-    profile, segments, per_broker = split(_pandas(entity_pass(
+    profile, segments, per_broker, recorded = split(_pandas(entity_pass(
         captures, catalog.names, span,
         (sorted(set(mapping["quota_type"])) or ["produce"]) if tune else (),
         options.idle_seconds * 1000.0, options.measure_seconds * 1000.0)), catalog.names)
     profile.drop(columns=["entity", *FOR_THE_REPLAY]).to_csv(out / "profile.csv", index=False)
     peaks = profile[["entity", "requests", *FOR_THE_REPLAY]]
-    recorded = _pandas(recorded_throttles(captures, catalog.entity_frame))
     phase("profile")
 
     chosen = candidate

@@ -257,3 +257,29 @@ def test_the_report_draws_the_budgets_that_moved_the_most(spark: SparkSession) -
         assert got["value"].tolist() == want["value"].tolist()
     assert series[series["label"] == "users/carol produce"]["value"].tolist() == [2500.0] * 5
     assert series[series["label"] == "clients/b fetch"]["value"].tolist() == [2000.0] * 4
+
+
+def test_the_pass_counts_the_recorded_throttles(spark: SparkSession) -> None:
+    """``entity_pass``'s recorded throttles: per (user, client-id, 100 ms bucket) of the
+    requests the proxy held back, what ``profile.recorded_throttles`` sums in Spark (holds of
+    every quota type, the largest of the three; a fetch moves its response)."""
+    from kafka_quota_proxy.spark_jobs.profile import recorded_throttles
+
+    frame = capture(spark, [
+        {"seq": 1, "ts_ms": 0, "client_id": "p", "request_bytes": 504,
+         "throttle_produce_ms": 250},
+        {"seq": 2, "ts_ms": 10, "client_id": "p", "request_bytes": 604,
+         "throttle_produce_ms": 299, "throttle_request_ms": 120},
+        {"seq": 3, "ts_ms": 20, "client_id": "p", "request_bytes": 704},
+        {"seq": 4, "ts_ms": 30, "client_id": "f", "api_key": 1, "response_bytes": 9004,
+         "throttle_fetch_ms": 1050},
+        {"seq": 5, "ts_ms": 40, "client_id": "q", "api_key": 3, "throttle_request_ms": 99},
+    ])
+    names = catalog_of(frame).names
+    got = split(entity_pass(frame, names).toPandas(), names)[3]
+    want = recorded_throttles(frame).toPandas()
+    key = ["user", "client_id", "bucket_ms"]
+    pd.testing.assert_frame_equal(got.sort_values(key).reset_index(drop=True),
+                                  want.sort_values(key).reset_index(drop=True),
+                                  check_dtype=False)
+    assert got.sort_values(key)["requests"].tolist() == [1, 2, 1]  # f, p (200 ms), q
