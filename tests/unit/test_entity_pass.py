@@ -1,8 +1,8 @@
 """The one pass's work in the Python workers (``spark_jobs.entity_pass``), without Spark: the
 per-second rows against a plain groupby of the capture rows by the recording rule, each
-entity's bytes per broker, and a group's results keeping 64-bit hashes whole when its parts
-have different columns. (The Spark side: tests/spark/test_jobs.py, test_tune.py and
-test_entity_pass.py.)"""
+entity's bytes per broker, the recorded throttles per bucket, and a group's results keeping
+64-bit hashes whole when its parts have different columns. (The Spark side:
+tests/spark/test_jobs.py, test_tune.py and test_replay_fast.py.)"""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from kafka_quota_proxy.spark_jobs import entity_pass
 from kafka_quota_proxy.spark_jobs.entity_pass import (
     BYTES_PART,
     PROFILE_PART,
+    RECORDED_PART,
     SEGMENT_PART,
     broker_bytes,
     per_group,
@@ -91,10 +92,22 @@ def test_a_groups_parts_keep_their_hashes_whole() -> None:
     assert set(back["run"]) == set(run_ids.tolist())
     out = per_group(pdf, run_ids, 13, ["produce", "fetch"], 11_000.0, 1000.0)
     assert list(out.columns) == entity_pass._SCHEMA_COLUMNS
-    assert set(out["part"]) == {PROFILE_PART, BYTES_PART, SEGMENT_PART}
+    assert set(out["part"]) == {PROFILE_PART, BYTES_PART, SEGMENT_PART, RECORDED_PART}
     segments = out[out["part"] == SEGMENT_PART]
     assert set(segments["run_id"]) == set(run_ids.tolist())
     assert set(segments["connection"]) <= set((c["connection"] + 2**62).tolist())
     assert set(out["entity"]) == set(c["user"].tolist())
     for column in entity_pass._INTEGERS:
         assert out[column].dtype == np.int64, column
+
+
+def test_recorded_throttles_are_bucketed_by_the_hold() -> None:
+    c = capture_rows(1).head(6).assign(
+        user=[1, 1, 1, 2, 2, 2], api_key=np.array([0, 0, 1, 1, 2, 0], dtype=np.int16),
+        request_bytes=np.array([10, 20, 30, 40, 50, 60], dtype=np.int32),
+        response_bytes=np.array([-1, 0, 700, 800, 900, 0], dtype=np.int32),
+        throttle_produce_ms=[0, 150, 199, 1000, 99, 0])
+    got = entity_pass.recorded(c).sort_values(["entity", "bucket_ms"]).reset_index(drop=True)
+    assert got.to_dict("list") == {"entity": [1, 2, 2], "bucket_ms": [100, 0, 1000],
+                                   "requests": [2, 1, 1], "throttle_ms": [349, 99, 1000],
+                                   "moved": [720, 50, 800]}
