@@ -41,6 +41,11 @@ log = structlog.get_logger("kafka_quota_proxy.topics")
 TOPIC_ALREADY_EXISTS = 36
 _CLOSE_TIMEOUT_S = 5.0
 LEADERLESS_CHECK_S = 0.25
+# After ``check_soon``, a subscribed topic not in the metadata yet is looked for again every
+# LEADERLESS_CHECK_S for this long, not only at the next check: a topic another proxy is
+# creating at the same moment (this one was told it exists) may reach the metadata a moment
+# later, and what is written there is to be read within a second.
+SOON_S = 5.0
 
 
 def no_topic_auto_creation() -> None:
@@ -252,15 +257,21 @@ class TopicReader:
         try:
             loop = asyncio.get_running_loop()
             next_check = 0.0
+            soon_until = 0.0  # (``SOON_S`` after the last ``check_soon``)
             while True:
                 if loop.time() >= next_check or self._check_now.is_set():
+                    if self._check_now.is_set():
+                        soon_until = loop.time() + SOON_S
                     self._check_now.clear()
                     await self._check(consumer)
                     # a partition whose leader is not known yet (a topic just created) is
-                    # not fetched until the metadata says it: asked again soon
+                    # not fetched until the metadata says it: asked again soon; so is a
+                    # topic not there yet, shortly after a feature said it was made
                     leaderless = any(consumer._client.cluster.leader_for_partition(tp)
                                      in (None, -1) for tp in consumer.assignment())
-                    next_check = loop.time() + (LEADERLESS_CHECK_S if leaderless
+                    absent = loop.time() < soon_until and not all(
+                        sub.present for sub in self.subscriptions.values())
+                    next_check = loop.time() + (LEADERLESS_CHECK_S if leaderless or absent
                                                 else self.check_seconds)
                 if not consumer.assignment():  # (getmany waits for an assignment)
                     with contextlib.suppress(TimeoutError):
