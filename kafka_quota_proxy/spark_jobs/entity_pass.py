@@ -1,20 +1,20 @@
 """One pass over the capture's requests for everything the jobs compute per (user,
 client-id): the profile (``profile.per_second_profile``, with the replay's peaks), each
-entity's bytes per broker (which budgets the report draws), and, when tuning, the load its
-clients offered (``tune.offered_load``).
+entity's bytes per broker (which budgets the report draws), the throttles the proxy recorded,
+and, when tuning, the load its clients offered (``tune.offered_load``).
 
 Spark moves each request once, as a few 64-bit numbers (``packed``), into groups of whole
 entities (``ENTITY_GROUPS``: by the entity's hash). The Python workers unpack them (numpy) and
 compute, per group: the per-second rows (``per_second_rows``: what ``profile.entity_seconds``
-sums, in the same way), the profile from them, and the offered-load segments of each client
-(one connection of the entity) with tune's own code, so the Spark estimator and the pandas one
-cannot differ. The three results come back as one frame, told apart by ``part``
-(``split``).
+sums, in the same way), the profile from them, the recorded throttles, and the offered-load
+segments of each client (one connection of the entity) with tune's own code, so the Spark
+estimator and the pandas one cannot differ. The results come back as one frame, told apart by
+``part`` (``split``).
 
 Before, each was a pass of its own (the per-second rows aggregated and cached in Spark, the
-profile from them, the offered load from a second shuffle of every request): 70 task-seconds
-on the bench's 10 M requests, most of them Spark building, moving and caching rows that the
-Python workers then read again."""
+profile from them, the offered load from a second shuffle of every request, the recorded
+throttles): 72 task-seconds on the bench's 10 M requests against 31 now, most of them Spark
+building, moving and caching rows that the Python workers then read again."""
 
 from __future__ import annotations
 
