@@ -55,9 +55,30 @@ def test_strict_pacing_holds_a_budget_shared_by_two_instances(tansu: TansuBroker
     assert not produced.errors, produced.errors[:3]
     ratio = produced.cycles(QUOTA, MEASURE_S)
     print(f"\n{SHARED_PRODUCERS} producers over two instances, strict: {ratio:.3f} x quota")
+    for name, m in zip(("east", "west"), metrics, strict=True):
+        print(_coordination_seen(name, m))
     assert ratio == pytest.approx(1.0, abs=0.05)
     # both instances throttled, and each read the other's reports
     for m in metrics:
         assert m['kafka_proxy_quota_throttled_requests_total{quota="produce"}'] > 0
         assert sum(v for k, v in m.items()
                    if k.startswith("kafka_proxy_shared_quota_reports_read_total")) > 10
+
+
+def _coordination_seen(name: str, m: dict[str, float]) -> str:
+    """What one instance saw of the other's usage reports (printed: where a ratio over the
+    bound came from, a late or lost report, a fallback, a capped charge)."""
+    def total(prefix: str) -> float:
+        return sum(v for k, v in m.items() if k.startswith(prefix))
+
+    read = total("kafka_proxy_shared_quota_reports_read_total")
+    throttled = m.get('kafka_proxy_quota_throttled_requests_total{quota="produce"}', 0)
+    age = total("kafka_proxy_shared_quota_report_age_seconds_total")
+    return (f"{name}: reports written {total('kafka_proxy_shared_quota_reports_written_total'):.0f}"
+            f", read {read:.0f}, mean age {1000 * age / max(read, 1):.0f} ms, max age "
+            f"{1000 * total('kafka_proxy_shared_quota_report_age_max_seconds'):.0f} ms, skipped "
+            f"{total('kafka_proxy_shared_quota_reports_skipped_total'):.0f}, ignored "
+            f"{total('kafka_proxy_shared_quota_reports_ignored_total'):.0f}, fallback checks "
+            f"{total('kafka_proxy_shared_quota_fallback_checks_total'):.0f}, capped checks "
+            f"{total('kafka_proxy_shared_quota_capped_checks_total'):.0f}, produce throttled "
+            f"{throttled:.0f}")
