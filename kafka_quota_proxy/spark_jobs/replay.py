@@ -84,9 +84,9 @@ class Catalog:
 
 
 def catalog_of(captures: DataFrame, names: pd.DataFrame | None = None) -> Catalog:
-    """One pass over the capture's name columns (a few distinct values among many rows), or
-    over its ``name_counts``; none with ``names`` (``names_of``: the names collected with
-    their hashes)."""
+    """The names the replays move as numbers: from ``names`` (``names_of``: the capture's
+    names collected with their hashes), else from a pass over the capture's name columns (a
+    few distinct values among many rows)."""
     if names is None:
         names = (captures.select("run", "user", "client_id").distinct()
                  .select(F.xxhash64("run").alias("run_id"), "run",
