@@ -189,6 +189,17 @@ class Walker:
         except StopIteration:
             self.done = True
 
+    @property
+    def skippable(self) -> int:
+        """How many of the next bytes the walk skips unseen (0 when it wants the next ones,
+        or is done): ``feed`` may be given that many without their bytes (``passed``)."""
+        want = self._want
+        return -want if want < 0 and not self.done else 0
+
+    def passed(self, n: int) -> None:
+        """``n`` bytes (at most ``skippable``) went by unseen."""
+        self.feed(b"", 0, n)
+
     def feed(self, buf: bytes | memoryview, start: int, end: int) -> int:
         """Consume ``buf[start:end]`` as far as the walk goes; return the offset reached
         (``end`` unless the walk finished inside the range)."""

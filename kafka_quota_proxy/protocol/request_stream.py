@@ -211,6 +211,38 @@ class RequestStream:
         past them: reading them decides nothing (no header, no frame ends)."""
         return self._remaining > n
 
+    def passable(self) -> int:
+        """How many of the next client bytes may go upstream without passing through
+        ``feed``: the body of the frame under way that no follower needs to see (the record
+        batches a Produce's walks skip, or an unfollowed frame's body), short of the frame's
+        last byte, which ``feed`` reads as usual (so a frame always ends there). 0 while a
+        frame is copied or bytes are held or pending."""
+        room = self._remaining - 1
+        if room <= 0 or self._copying is not None or self._pending or self._held:
+            return 0
+        measuring = self._measuring
+        if measuring is not None and measuring[1] is not None and not measuring[1].done:
+            room = min(room, measuring[1].skippable)
+        watching = self._watching
+        if watching is not None:
+            watch = watching[1]
+            if watch.failed:
+                return 0
+            if not watch.done:
+                room = min(room, watch.walker.skippable)
+        return room
+
+    def passed(self, n: int) -> None:
+        """``n`` bytes (at most ``passable()``) of the frame under way went upstream without
+        passing through ``feed``."""
+        self._remaining -= n
+        measuring = self._measuring
+        if measuring is not None and measuring[1] is not None and not measuring[1].done:
+            measuring[1].passed(n)
+        watching = self._watching
+        if watching is not None and not watching[1].done:
+            watching[1].walker.passed(n)
+
     @property
     def reading_header(self) -> bool:
         """A frame has started and its request header is not complete yet."""

@@ -46,7 +46,7 @@ class SecuredServer:
     ``asyncio.Server``."""
 
     def __init__(self, sock: socket.socket, accept: str | None, tls: ssl.SSLContext | None,
-                 make: Callable[[tuple[str, int] | None, int], asyncio.Protocol],
+                 make: Callable[[tuple[str, int] | None, int], asyncio.BaseProtocol],
                  timeout: float, refused: Callable[[str], None], listener: str,
                  rates: ConnectionRateGuard | None = None, kind: str | None = None,
                  scope: int | Callable[[], int] = 0, slots: ConnectionSlots | None = None,
@@ -165,7 +165,7 @@ class SecuredServer:
         return None
 
     def _made(self, source: tuple[str, int] | None, scope: int, slot: Slot | None
-              ) -> asyncio.Protocol:
+              ) -> asyncio.BaseProtocol:
         """The connection's protocol, holding the connection's slot from now on."""
         protocol = self.make(source, scope)
         if slot is not None and self.slots is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
+import os
 import ssl
 import time
 from collections.abc import Callable
@@ -42,6 +43,18 @@ from kafka_quota_proxy.proxy.context import ConnectionContext
 from kafka_quota_proxy.proxy.filters.base import Client, Filter, FilterChain
 from kafka_quota_proxy.proxy.flow import ReadGate
 from kafka_quota_proxy.proxy.logs import get_logger
+from kafka_quota_proxy.proxy.splice import AVAILABLE as _SPLICE
+from kafka_quota_proxy.proxy.splice import (
+    SPLICE_MIN_BYTES,
+    Pipe,
+    begin_wait,
+    drain,
+    end_wait,
+    read_back,
+    release,
+    socket_fd,
+    splice_span,
+)
 from kafka_quota_proxy.quota.entities import ANONYMOUS
 from kafka_quota_proxy.security.principal_mapping import NoMatchingRule
 from kafka_quota_proxy.security.x500 import subject_principal
@@ -63,7 +76,17 @@ CLOSE_LINGER_S = 10.0  # how long a closed connection's unsent bytes wait for a 
 REFUSAL_WAIT_S = 3.0
 
 
-class ProxiedConnection(asyncio.Protocol):
+# The plaintext client read buffer: one for the process (one event loop), copied out as each
+# read's ``bytes`` at once (``buffer_updated``), as the loop's own read buffer is
+_READ_BUFFER = memoryview(bytearray(256 * 1024))
+# How much a read takes where splicing is to follow (``get_buffer``): within a span to splice,
+# only what wakes the connection; at the start of a frame after one that was spliced, enough
+# for a Produce request's header, topics and first partition's header
+_READ_IN_SPAN = 4 * 1024
+_READ_FRAME_START = 16 * 1024
+
+
+class ProxiedConnection(asyncio.BufferedProtocol):
     """The client-facing protocol; owns the upstream side and the sans-IO state."""
 
     def __init__(self, ctx: ConnectionContext,
@@ -138,6 +161,17 @@ class ProxiedConnection(asyncio.Protocol):
         self._read_now: list[InFlight] = []
         self._reading_ms = 0.0
         self._last_read: InFlight | None = None  # the request read last (its frame may go on)
+        # (client, upstream) socket descriptors when record batches may be spliced between
+        # them (``_splice_requests``): plaintext both ways, once the upstream is connected
+        self._splice: tuple[int, int] | None = None
+        # bytes spliced that the broker's socket has not taken yet: (their pipe, how many, a
+        # duplicate of the broker socket's descriptor watched for room); the client is not
+        # read meanwhile (``_splice_waits``)
+        self._spliced_waiting: tuple[Pipe, int, int] | None = None
+        # a span to splice waits for the upstream transport's buffer to empty (its write
+        # buffer limits lowered to 0 until then: ``UpstreamSide.resume_writing``)
+        self.splice_drain = False
+        self._spliced_frame = False  # the newest frame's bytes were spliced (``get_buffer``)
 
     @property
     def peer(self) -> str:
@@ -219,6 +253,7 @@ class ProxiedConnection(asyncio.Protocol):
             # first, then what comes after (set when the socket connected, bytes read between
             # that and this line went ahead of the earlier ones: answered out of order).
             self.upstream = side
+            self._splice = self._spliceable(transport)
             for reason in self._response_holds:
                 side.gate.pause(reason)
             if self._early:
@@ -277,6 +312,21 @@ class ProxiedConnection(asyncio.Protocol):
                     return None
         return serial
 
+    def get_buffer(self, sizehint: int) -> memoryview:
+        """Where the next read of the client goes: a short one where the bytes after it are
+        to be spliced (``_splice_requests``), else up to 256 KiB."""
+        if self._splice is not None:
+            if self.requests.mid_frame:
+                if self.requests.passable() >= SPLICE_MIN_BYTES:
+                    return _READ_BUFFER[:_READ_IN_SPAN]
+            elif self._spliced_frame:  # (once: a frame that is not spliced ends it)
+                self._spliced_frame = False
+                return _READ_BUFFER[:_READ_FRAME_START]
+        return _READ_BUFFER
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(_READ_BUFFER[:nbytes].tobytes())
+
     def data_received(self, data: bytes) -> None:
         """The client's bytes: the intercepting filter's while it reads them (SASL termination,
         until the client has authenticated), else read as requests."""
@@ -293,6 +343,8 @@ class ProxiedConnection(asyncio.Protocol):
         with a header not complete yet (its time waits for that request)."""
         started = _now()
         self._read_requests(data)
+        if self._splice is not None and self.requests.mid_frame:
+            self._splice_requests()
         work = self._reading_ms + (_now() - started) * 1000.0
         read = self._read_now
         if read:
@@ -362,6 +414,103 @@ class ProxiedConnection(asyncio.Protocol):
             elif requests.mid_frame or not self._read_on(limited):
                 return  # (a frame in progress goes on with the next read)
             data = b""  # go on with the bytes held back
+
+    def _spliceable(self, upstream: asyncio.BaseTransport) -> tuple[int, int] | None:
+        """The two sockets' descriptors when both are plaintext TCP and splicing is on."""
+        if not (_SPLICE and self.ctx.network.splice) or type(self) is not ProxiedConnection:
+            return None
+        client, broker = socket_fd(self.transport), socket_fd(upstream)
+        return None if client is None or broker is None else (client, broker)
+
+    def _splice_requests(self) -> None:
+        """The rest of the frame under way that nothing reads (``RequestStream.passable``:
+        a Produce's record batches), moved from the client's socket to the broker's in the
+        kernel, as far as the client has sent it (``proxy.splice``). Only while the client is
+        read and the upstream transport has nothing buffered, so that order holds."""
+        if self.closed or self._interceptor is not None or self._refusing is not None:
+            return
+        requests = self.requests
+        room = requests.passable()
+        if room < SPLICE_MIN_BYTES or self.client_gate.paused:
+            return
+        upstream = self.upstream
+        transport = upstream.transport if upstream is not None else None
+        if transport is None:
+            return
+        if transport.get_write_buffer_size():
+            # bytes forwarded earlier still wait for room in the broker's socket: the client
+            # is not read until they have gone (the transport's pause_writing at a high-water
+            # mark of 0, then resume_writing), and the span is spliced after them
+            if not self.splice_drain:
+                self.splice_drain = True
+                transport.set_write_buffer_limits(0, 0)
+            return
+        assert self._splice is not None
+        client, broker = self._splice
+        moved, pipe, waiting, error, side = splice_span(client, broker, room)
+        if moved:
+            self._spliced_frame = True
+            requests.passed(moved)
+            self.ctx.stats.spliced["request"] += moved
+        if error is not None:
+            if side == "source":
+                self._client_gone(error)
+            else:
+                self.close("upstream_error", detail=str(error), side="upstream")
+        elif pipe is not None:
+            self._splice_waits(pipe, waiting, broker)
+
+    def _splice_waits(self, pipe: Pipe, waiting: int, broker: int) -> None:
+        """Spliced bytes wait in ``pipe`` for room in the broker's socket: the client is not
+        read until they have gone (``_spliced_on``)."""
+        watched = -1
+        if begin_wait():
+            try:
+                watched = os.dup(broker)  # (the transport's own descriptor is the loop's)
+            except OSError:
+                end_wait()
+        if watched < 0:  # (too many waiting, or out of descriptors: through the transport)
+            transport = self.upstream.transport  # type: ignore[union-attr]
+            transport.write(read_back(pipe, waiting))  # type: ignore[union-attr]
+            release(pipe)
+            return
+        self._spliced_waiting = (pipe, waiting, watched)
+        self.ctx.stats.splice_waits += 1
+        self.client_gate.pause("splice")
+        asyncio.get_running_loop().add_writer(watched, self._spliced_on)
+
+    def _spliced_on(self) -> None:
+        """The broker's socket has room: the spliced bytes waiting go on; once all have, the
+        client is read again, and what it has sent of the span meanwhile is spliced."""
+        state = self._spliced_waiting
+        if state is None or self._splice is None:
+            return
+        pipe, waiting, watched = state
+        started = _now()
+        waiting, error = drain(pipe, waiting, self._splice[1])
+        if error is not None:
+            self.close("upstream_error", detail=str(error), side="upstream")
+            return
+        self._spliced_waiting = (pipe, waiting, watched)
+        if waiting:
+            return
+        self._end_splice_wait()
+        self.client_gate.resume("splice")
+        if self.requests.mid_frame:
+            self._splice_requests()
+        if self._last_read is not None:  # (the proxy's time on the request under way)
+            self._last_read.proxy_ms += (_now() - started) * 1000.0
+
+    def _end_splice_wait(self) -> None:
+        state = self._spliced_waiting
+        if state is None:
+            return
+        self._spliced_waiting = None
+        pipe, waiting, watched = state
+        asyncio.get_running_loop().remove_writer(watched)
+        os.close(watched)
+        end_wait()
+        release(pipe, empty=not waiting)
 
     def _feed_requests(self, data: bytes, limited: bool, room: int
               ) -> tuple[Buffer | bytearray, list[RequestEvent]] | None:
@@ -768,6 +917,7 @@ class ProxiedConnection(asyncio.Protocol):
             self._connect_task.cancel()
         if self._unmute is not None:
             self._unmute.cancel()
+        self._end_splice_wait()  # (bytes still waiting: the broker never gets the frame's end)
         for closed in self.chain.closed:  # (the table still holds what was in flight)
             closed(reason)
         upstream = self.upstream.transport if self.upstream is not None else None
@@ -900,7 +1050,13 @@ class UpstreamSide(asyncio.Protocol):
         self.conn.client_gate.pause("upstream_backpressure")
 
     def resume_writing(self) -> None:
-        self.conn.client_gate.resume("upstream_backpressure")
+        conn = self.conn
+        if conn.splice_drain:  # (emptied for a splice: the configured marks again)
+            conn.splice_drain = False
+            net = conn.ctx.network
+            self.transport.set_write_buffer_limits(  # type: ignore[union-attr]
+                net.write_buffer_high_bytes, net.write_buffer_low_bytes)
+        conn.client_gate.resume("upstream_backpressure")
 
 
 # TLS: the TLS layer decrypts into the protocol's own buffer (asyncio's BufferedProtocol), as

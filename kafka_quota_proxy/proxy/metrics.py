@@ -58,6 +58,9 @@ class ProxyStats:
         self.rewritten: dict[int, int] = {}
         # which side was slow -> times reading from the other side was paused
         self.backpressure: dict[str, int] = defaultdict(int)
+        # bytes moved socket to socket in the kernel (``proxy.splice``), by direction
+        self.spliced: dict[str, int] = defaultdict(int)
+        self.splice_waits = 0  # spliced bytes that waited in a pipe for the broker's socket
         self.node_endpoints_dropped: Callable[[], int] = lambda: 0
         self.client_write_buffered: Callable[[], int] = lambda: 0
         self.client_unread: Callable[[], int] = lambda: 0
@@ -237,6 +240,16 @@ class _Collector(Collector):
         yield family(CounterMetricFamily, "kafka_proxy_backpressure_pauses",
                       "Times reading one side paused because the other side's write buffer "
                       "was full", "slow_side", s.backpressure)
+        yield family(CounterMetricFamily, "kafka_proxy_spliced_bytes",
+                      "Bytes of record batches moved from one socket to the other in the "
+                      "kernel (splice), without passing through the proxy's memory",
+                      "direction", s.spliced)
+        c = CounterMetricFamily(
+            "kafka_proxy_splice_waits",
+            "Times spliced bytes waited in a pipe for room in the broker's socket (the client "
+            "not read meanwhile)")
+        c.add_metric([], s.splice_waits)
+        yield c
         c = CounterMetricFamily(
             "kafka_proxy_node_endpoints_dropped",
             "KIP-951 node_endpoints dropped because the proxy address did not fit in place",

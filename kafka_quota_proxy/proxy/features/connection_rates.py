@@ -266,15 +266,15 @@ class ConnectionRateGuard(Feature):
 
     # ------------------------------------------------------------------ plain listeners
     def protocol_factory(self, listener: str, kind: str | None, scope: int | Callable[[], int],
-                         make: Callable[[int], asyncio.Protocol]
-                         ) -> Callable[[], asyncio.Protocol]:
+                         make: Callable[[int], asyncio.BaseProtocol]
+                         ) -> Callable[[], asyncio.BaseProtocol]:
         """The protocol factory of a plain listener: ``make(scope)`` itself while no rate
         applies, else a protocol that takes the connection through the steps first.
         ``scope``: the listener's, or what chooses each connection's when it is accepted (the
         bootstrap listener: ``proxy.bootstrap``)."""
         choose = scope if callable(scope) else (lambda: scope)
 
-        def factory() -> asyncio.Protocol:
+        def factory() -> asyncio.BaseProtocol:
             chosen = choose()
             if not self.active:
                 return make(chosen)
@@ -348,7 +348,7 @@ class _GatedAccept(asyncio.Protocol):
     proxied connection when it passes (``set_protocol``), else held unread and closed."""
 
     def __init__(self, guard: ConnectionRateGuard, admission: Admission,
-                 make: Callable[[], asyncio.Protocol]) -> None:
+                 make: Callable[[], asyncio.BaseProtocol]) -> None:
         self.guard = guard
         self.admission = admission
         self.make = make

@@ -1,0 +1,233 @@
+"""Record batches moved client socket to broker socket in the kernel (``proxy.splice``): the
+move itself on socket pairs, then a real ``ProxiedConnection`` between real loopback sockets
+(the client's Produce frames, a reader in the broker's place that only records the bytes, as
+a socket does) on both event loops, the broker's reader quick and then slow. Every byte
+arrives once, in order; most of a large Produce is spliced; a broker socket that is full
+holds the client back until it takes the bytes waiting; with ``network.splice`` off nothing
+is spliced."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections.abc import Callable, Coroutine
+from datetime import timedelta
+from typing import Any, cast
+
+import pytest
+import uvloop
+from kio.index import load_request_schema
+
+from kafka_quota_proxy.config.schema import NetworkConfig
+from kafka_quota_proxy.protocol.headers import encode_request_header
+from kafka_quota_proxy.protocol.interests import InterestTable, addresses
+from kafka_quota_proxy.protocol.topic_fields import encode
+from kafka_quota_proxy.proxy import splice
+from kafka_quota_proxy.proxy.brokers import ListeningRewriter
+from kafka_quota_proxy.proxy.connection import ProxiedConnection
+from kafka_quota_proxy.proxy.context import ConnectionContext
+from kafka_quota_proxy.proxy.metrics import ProxyStats
+from testkit.connection import FakeHost, PassThroughRewriter
+from testkit.frames import frame
+
+pytestmark = pytest.mark.skipif(not splice.AVAILABLE, reason="no os.splice here")
+
+MB = 1024 * 1024
+
+
+@pytest.fixture
+def pair() -> Any:
+    """Makes connected loopback TCP socket pairs (non-blocking), closed after the test."""
+    made: list[socket.socket] = []
+
+    def make() -> tuple[socket.socket, socket.socket]:
+        with socket.create_server(("127.0.0.1", 0)) as listener:
+            a = socket.create_connection(listener.getsockname())
+            b, _ = listener.accept()
+        for s in (a, b):
+            s.setblocking(False)
+            made.append(s)
+        return a, b
+
+    yield make
+    for s in made:
+        s.close()
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    out = b""
+    while True:
+        try:
+            chunk = sock.recv(MB)
+        except BlockingIOError:
+            return out
+        if not chunk:
+            return out
+        out += chunk
+
+
+def test_a_span_is_moved_as_far_as_the_source_holds_it(pair: Any) -> None:
+    src_w, src = pair()
+    sink, sink_r = pair()
+    payload = os.urandom(300_000)
+    src_w.sendall(payload[:200_000])
+    result = splice.splice_span(src.fileno(), sink.fileno(), len(payload))
+    assert result.moved == 200_000 and result.pipe is None and result.error is None
+    src_w.sendall(payload[200_000:])
+    result = splice.splice_span(src.fileno(), sink.fileno(), 50_000)  # (the limit holds)
+    assert result.moved == 50_000
+    assert _read_all(sink_r) == payload[:250_000]
+    assert _read_all(src) == payload[250_000:]  # what was not asked for stays unread
+
+
+def test_what_a_full_sink_will_not_take_waits_in_the_pipe_in_order(pair: Any) -> None:
+    src_w, src = pair()
+    sink, sink_r = pair()
+    sink.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    payload = os.urandom(400_000)
+    src_w.sendall(payload[:150_000])
+    result = splice.splice_span(src.fileno(), sink.fileno(), len(payload))
+    # it stops at the first chunk the sink does not take whole: the rest stays unread
+    assert 0 < result.moved <= 150_000 and result.pipe is not None and result.waiting > 0
+    got = b""
+    waiting = result.waiting
+    while waiting:
+        got += _read_all(sink_r)
+        waiting, error = splice.drain(result.pipe, waiting, sink.fileno())
+        assert error is None
+    splice.release(result.pipe)
+    assert got + _read_all(sink_r) == payload[:result.moved]
+    assert _read_all(src) == payload[result.moved:150_000]
+
+
+def test_a_closed_sink_is_an_error_of_the_sink(pair: Any) -> None:
+    src_w, src = pair()
+    sink, sink_r = pair()
+    sink_r.close()
+    sink.send(b"x")  # (taken; the peer's reset answers it, at once on loopback)
+    src_w.sendall(b"x" * 100_000)
+    result = splice.splice_span(src.fileno(), sink.fileno(), 100_000)
+    assert result.side == "sink" and isinstance(result.error, OSError)
+
+
+# ---------------------------------------------------------------- a real connection
+
+
+def _produce(records: bytes, correlation: int) -> bytes:
+    """A Produce v9 frame of acks=0 (no response: the reader in the broker's place answers
+    nothing) with ``records`` in one partition."""
+    m = __import__(load_request_schema(0, 9).__module__, fromlist=["_"])
+    value = m.ProduceRequest(
+        transactional_id=None, acks=0, timeout=timedelta(seconds=5),
+        topic_data=(m.TopicProduceData(name="orders", partition_data=(
+            m.PartitionProduceData(index=0, records=records),)),))
+    return frame(encode_request_header(0, 9, correlation, "p") + encode(value))
+
+
+async def _through_proxy(frames: bytes, *, splice_on: bool, slow: bool
+                         ) -> tuple[bytes, ProxyStats, bool]:
+    """The client sends ``frames`` through a ``ProxiedConnection`` to a socket in the
+    broker's place, read at once, or (``slow``) 32 KiB at a time with small socket buffers
+    between the two; what it got, the connection's stats, and whether the connection held its client
+    back for spliced bytes meanwhile."""
+    loop = asyncio.get_running_loop()
+    broker = socket.create_server(("127.0.0.1", 0))
+    if slow:
+        broker.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+    broker.setblocking(False)
+    port = broker.getsockname()[1]
+    stats = ProxyStats()
+    ctx = ConnectionContext(
+        host=FakeHost(), listener="broker-1", scope=1,
+        network=NetworkConfig(splice=splice_on), connect_timeout_seconds=5.0, stats=stats,
+        rewriter=cast(ListeningRewriter, PassThroughRewriter()),
+        interests=InterestTable([addresses]), filters=())
+    conns: list[ProxiedConnection] = []
+
+    def made() -> ProxiedConnection:
+        conn = ProxiedConnection(ctx, lambda: [("127.0.0.1", port, 1)])
+        conns.append(conn)
+        return conn
+
+    proxy = await loop.create_server(made, "127.0.0.1", 0)
+    _reader, writer = await asyncio.open_connection(
+        "127.0.0.1", proxy.sockets[0].getsockname()[1])
+    upstream, _ = await loop.sock_accept(broker)
+    upstream.setblocking(False)
+    while not conns or conns[0].upstream is None:  # (connected: set as it goes on)
+        await asyncio.sleep(0)
+    if slow:  # the proxy's end too: a small send buffer, so the broker's socket fills
+        side = conns[0].upstream.transport.get_extra_info("socket")  # type: ignore[union-attr]
+        side.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 * 1024)
+    got = bytearray()
+    held = False
+    try:
+        writer.write(frames)
+        sending = asyncio.ensure_future(writer.drain())
+        while len(got) < len(frames):
+            await asyncio.sleep(0.002 if slow else 0)
+            held = held or conns[0].client_gate.has("splice")
+            with contextlib.suppress(BlockingIOError):
+                got += upstream.recv(32 * 1024 if slow else MB)
+        await sending
+    finally:
+        writer.close()
+        for conn in conns:
+            conn.close("done")
+        upstream.close()
+        broker.close()
+        proxy.close()
+        await proxy.wait_closed()
+        for conn in conns:  # (nothing left registered with the loop)
+            assert conn._spliced_waiting is None
+    return bytes(got), stats, held
+
+
+def _on(loop: str, main: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+    if loop == "uvloop":
+        return uvloop.run(asyncio.wait_for(main(), 60))
+    return asyncio.run(asyncio.wait_for(main(), 60))
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_large_produce_requests_are_mostly_spliced_and_arrive_whole(loop: str) -> None:
+    """Three librdkafka-sized Produce frames (1 MB of records each): every byte reaches the
+    broker's socket once and in order, and most of them went through the kernel."""
+    frames = b"".join(_produce(os.urandom(MB), n) for n in range(3))
+    got, stats, _ = _on(loop, lambda: _through_proxy(frames, splice_on=True, slow=False))
+    assert got == frames
+    assert stats.spliced["request"] > len(frames) // 2
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_full_broker_socket_holds_the_client_back_until_it_takes_the_bytes(
+        loop: str) -> None:
+    """The broker's side reads slowly (a small receive buffer, read a little at a time):
+    spliced bytes wait in a pipe, the client is not read meanwhile, and what arrives is
+    still every byte once and in order."""
+    frames = b"".join(_produce(os.urandom(MB), n) for n in range(3))
+    got, stats, paused = _on(loop, lambda: _through_proxy(frames, splice_on=True, slow=True))
+    assert got == frames
+    assert stats.splice_waits > 0 and paused
+    assert stats.spliced["request"] > 0
+
+
+def test_with_splice_off_every_byte_is_read_and_written() -> None:
+    frames = b"".join(_produce(os.urandom(MB), n) for n in range(2))
+    got, stats, _ = _on("uvloop", lambda: _through_proxy(frames, splice_on=False, slow=False))
+    assert got == frames
+    assert stats.spliced["request"] == 0 and stats.splice_waits == 0
+
+
+def test_past_the_bound_on_pipes_waiting_the_bytes_go_through_the_transport(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no connection allowed to keep a pipe waiting (``WAITING_MAX`` 0: what many
+    connections held back at once leave), what a full broker socket does not take is read
+    back and written as forwarded bytes are: still every byte once, in order."""
+    monkeypatch.setattr(splice, "WAITING_MAX", 0)
+    frames = b"".join(_produce(os.urandom(MB), n) for n in range(3))
+    got, stats, held = _on("uvloop", lambda: _through_proxy(frames, splice_on=True, slow=True))
+    assert got == frames
+    assert stats.splice_waits == 0 and not held and stats.spliced["request"] > 0
