@@ -157,6 +157,31 @@ class ResponseStream:
         """The request whose response has started but not completed, if any."""
         return self._current or self._collect_entry or self._started
 
+    def passable(self) -> int:
+        """How many of the broker's next bytes may go to the client without passing through
+        ``receive_data``: the body of the response under way that nothing reads (a Fetch
+        response's record batches its walk skips, or a passed-through response's body),
+        short of its last byte, which ``receive_data`` reads as usual (so a response always
+        ends there). 0 between responses, or while one is held whole or its tail is."""
+        room = self._remaining - 1
+        if (room <= 0 or self._receiving or self._pending or self._collect_need
+                or self._started is not None):
+            return 0
+        walker = self._walker
+        if walker is not None:
+            if walker.done:
+                return 0 if self._hold_tail else room
+            return min(room, walker.skippable)
+        return room
+
+    def passed(self, n: int) -> None:
+        """``n`` bytes (at most ``passable()``) of the response under way went to the
+        client without passing through ``receive_data``."""
+        self._remaining -= n
+        walker = self._walker
+        if walker is not None and not walker.done:
+            walker.passed(n)
+
     def feed(self, data: bytes,
              rewrite_whole: Callable[[InFlight], bool] | None = None) -> Forward:
         """``receive_data(data)`` and every event up to ``Forward``; each ``ResponseStarted``

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-import os
 import ssl
 import time
 from collections.abc import Callable
@@ -44,17 +43,7 @@ from kafka_quota_proxy.proxy.filters.base import Client, Filter, FilterChain
 from kafka_quota_proxy.proxy.flow import ReadGate
 from kafka_quota_proxy.proxy.logs import get_logger
 from kafka_quota_proxy.proxy.splice import AVAILABLE as _SPLICE
-from kafka_quota_proxy.proxy.splice import (
-    SPLICE_MIN_BYTES,
-    Pipe,
-    begin_wait,
-    drain,
-    end_wait,
-    read_back,
-    release,
-    socket_fd,
-    splice_span,
-)
+from kafka_quota_proxy.proxy.splice import READ_BYTES, Lane, socket_fd
 from kafka_quota_proxy.quota.entities import ANONYMOUS
 from kafka_quota_proxy.security.principal_mapping import NoMatchingRule
 from kafka_quota_proxy.security.x500 import subject_principal
@@ -76,14 +65,10 @@ CLOSE_LINGER_S = 10.0  # how long a closed connection's unsent bytes wait for a 
 REFUSAL_WAIT_S = 3.0
 
 
-# The plaintext client read buffer: one for the process (one event loop), copied out as each
-# read's ``bytes`` at once (``buffer_updated``), as the loop's own read buffer is
-_READ_BUFFER = memoryview(bytearray(256 * 1024))
-# How much a read takes where splicing is to follow (``get_buffer``): within a span to splice,
-# only what wakes the connection; at the start of a frame after one that was spliced, enough
-# for a Produce request's header, topics and first partition's header
-_READ_IN_SPAN = 4 * 1024
-_READ_FRAME_START = 16 * 1024
+# The plaintext read buffer of both sides: one for the process (one event loop), copied out as
+# each read's ``bytes`` at once (``buffer_updated``), as the loop's own read buffer is; read
+# short where a splice follows (``Lane.read_size``)
+_READ_BUFFER = memoryview(bytearray(READ_BYTES))
 
 
 class ProxiedConnection(asyncio.BufferedProtocol):
@@ -161,17 +146,10 @@ class ProxiedConnection(asyncio.BufferedProtocol):
         self._read_now: list[InFlight] = []
         self._reading_ms = 0.0
         self._last_read: InFlight | None = None  # the request read last (its frame may go on)
-        # (client, upstream) socket descriptors when record batches may be spliced between
-        # them (``_splice_requests``): plaintext both ways, once the upstream is connected
-        self._splice: tuple[int, int] | None = None
-        # bytes spliced that the broker's socket has not taken yet: (their pipe, how many, a
-        # duplicate of the broker socket's descriptor watched for room); the client is not
-        # read meanwhile (``_splice_waits``)
-        self._spliced_waiting: tuple[Pipe, int, int] | None = None
-        # a span to splice waits for the upstream transport's buffer to empty (its write
-        # buffer limits lowered to 0 until then: ``UpstreamSide.resume_writing``)
-        self.splice_drain = False
-        self._spliced_frame = False  # the newest frame's bytes were spliced (``get_buffer``)
+        # Splicing (``proxy.splice``), once the upstream is connected, when both sides are
+        # plaintext: requests client -> broker, responses broker -> client
+        self.request_lane: Lane | None = None
+        self.response_lane: Lane | None = None
 
     @property
     def peer(self) -> str:
@@ -253,7 +231,7 @@ class ProxiedConnection(asyncio.BufferedProtocol):
             # first, then what comes after (set when the socket connected, bytes read between
             # that and this line went ahead of the earlier ones: answered out of order).
             self.upstream = side
-            self._splice = self._spliceable(transport)
+            self._make_lanes(side, transport)
             for reason in self._response_holds:
                 side.gate.pause(reason)
             if self._early:
@@ -313,16 +291,11 @@ class ProxiedConnection(asyncio.BufferedProtocol):
         return serial
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        """Where the next read of the client goes: a short one where the bytes after it are
-        to be spliced (``_splice_requests``), else up to 256 KiB."""
-        if self._splice is not None:
-            if self.requests.mid_frame:
-                if self.requests.passable() >= SPLICE_MIN_BYTES:
-                    return _READ_BUFFER[:_READ_IN_SPAN]
-            elif self._spliced_frame:  # (once: a frame that is not spliced ends it)
-                self._spliced_frame = False
-                return _READ_BUFFER[:_READ_FRAME_START]
-        return _READ_BUFFER
+        """Where the next read of the client goes: a short one where a splice follows."""
+        lane = self.request_lane
+        if lane is None:
+            return _READ_BUFFER
+        return _READ_BUFFER[:lane.read_size(self.requests.mid_frame)]
 
     def buffer_updated(self, nbytes: int) -> None:
         self.data_received(_READ_BUFFER[:nbytes].tobytes())
@@ -343,8 +316,8 @@ class ProxiedConnection(asyncio.BufferedProtocol):
         with a header not complete yet (its time waits for that request)."""
         started = _now()
         self._read_requests(data)
-        if self._splice is not None and self.requests.mid_frame:
-            self._splice_requests()
+        if self.request_lane is not None and self.requests.mid_frame:
+            self.request_lane.splice()
         work = self._reading_ms + (_now() - started) * 1000.0
         read = self._read_now
         if read:
@@ -415,102 +388,38 @@ class ProxiedConnection(asyncio.BufferedProtocol):
                 return  # (a frame in progress goes on with the next read)
             data = b""  # go on with the bytes held back
 
-    def _spliceable(self, upstream: asyncio.BaseTransport) -> tuple[int, int] | None:
-        """The two sockets' descriptors when both are plaintext TCP and splicing is on."""
+    def _make_lanes(self, side: UpstreamSide, upstream: asyncio.Transport) -> None:
+        """The two lanes of splicing, when it is on and both sockets are plaintext TCP."""
         if not (_SPLICE and self.ctx.network.splice) or type(self) is not ProxiedConnection:
-            return None
+            return
         client, broker = socket_fd(self.transport), socket_fd(upstream)
-        return None if client is None or broker is None else (client, broker)
+        if client is None or broker is None or type(side) is not UpstreamSide:
+            return
+        net = self.ctx.network
+        marks = (net.write_buffer_high_bytes, net.write_buffer_low_bytes)
+        stats = self.ctx.stats
+        assert self.transport is not None
 
-    def _splice_requests(self) -> None:
-        """The rest of the frame under way that nothing reads (``RequestStream.passable``:
-        a Produce's record batches), moved from the client's socket to the broker's in the
-        kernel, as far as the client has sent it (``proxy.splice``). Only while the client is
-        read and the upstream transport has nothing buffered, so that order holds."""
-        if self.closed or self._interceptor is not None or self._refusing is not None:
-            return
-        requests = self.requests
-        room = requests.passable()
-        if room < SPLICE_MIN_BYTES or self.client_gate.paused:
-            return
-        upstream = self.upstream
-        transport = upstream.transport if upstream is not None else None
-        if transport is None:
-            return
-        if transport.get_write_buffer_size():
-            # bytes forwarded earlier still wait for room in the broker's socket: the client
-            # is not read until they have gone (the transport's pause_writing at a high-water
-            # mark of 0, then resume_writing), and the span is spliced after them
-            if not self.splice_drain:
-                self.splice_drain = True
-                transport.set_write_buffer_limits(0, 0)
-            return
-        assert self._splice is not None
-        client, broker = self._splice
-        moved, pipe, waiting, error, side = splice_span(client, broker, room)
-        if moved:
-            self._spliced_frame = True
-            requests.passed(moved)
-            self.ctx.stats.spliced["request"] += moved
-        if error is not None:
+        def reading() -> bool:
+            return not self.closed and self._interceptor is None and self._refusing is None
+
+        def request_failed(side: str, error: OSError) -> None:
             if side == "source":
                 self._client_gone(error)
             else:
                 self.close("upstream_error", detail=str(error), side="upstream")
-        elif pipe is not None:
-            self._splice_waits(pipe, waiting, broker)
 
-    def _splice_waits(self, pipe: Pipe, waiting: int, broker: int) -> None:
-        """Spliced bytes wait in ``pipe`` for room in the broker's socket: the client is not
-        read until they have gone (``_spliced_on``)."""
-        watched = -1
-        if begin_wait():
-            try:
-                watched = os.dup(broker)  # (the transport's own descriptor is the loop's)
-            except OSError:
-                end_wait()
-        if watched < 0:  # (too many waiting, or out of descriptors: through the transport)
-            transport = self.upstream.transport  # type: ignore[union-attr]
-            transport.write(read_back(pipe, waiting))  # type: ignore[union-attr]
-            release(pipe)
-            return
-        self._spliced_waiting = (pipe, waiting, watched)
-        self.ctx.stats.splice_waits += 1
-        self.client_gate.pause("splice")
-        asyncio.get_running_loop().add_writer(watched, self._spliced_on)
+        def response_failed(side: str, error: OSError) -> None:
+            if side == "sink":
+                self._client_gone(error)
+            else:
+                self.close("upstream_error", detail=str(error), side="upstream")
 
-    def _spliced_on(self) -> None:
-        """The broker's socket has room: the spliced bytes waiting go on; once all have, the
-        client is read again, and what it has sent of the span meanwhile is spliced."""
-        state = self._spliced_waiting
-        if state is None or self._splice is None:
-            return
-        pipe, waiting, watched = state
-        started = _now()
-        waiting, error = drain(pipe, waiting, self._splice[1])
-        if error is not None:
-            self.close("upstream_error", detail=str(error), side="upstream")
-            return
-        self._spliced_waiting = (pipe, waiting, watched)
-        if waiting:
-            return
-        self._end_splice_wait()
-        self.client_gate.resume("splice")
-        if self.requests.mid_frame:
-            self._splice_requests()
-        if self._last_read is not None:  # (the proxy's time on the request under way)
-            self._last_read.proxy_ms += (_now() - started) * 1000.0
-
-    def _end_splice_wait(self) -> None:
-        state = self._spliced_waiting
-        if state is None:
-            return
-        self._spliced_waiting = None
-        pipe, waiting, watched = state
-        asyncio.get_running_loop().remove_writer(watched)
-        os.close(watched)
-        end_wait()
-        release(pipe, empty=not waiting)
+        self.request_lane = Lane(self.requests, client, broker, self.client_gate, upstream,
+                                 marks, stats, "request", reading, request_failed)
+        self.response_lane = Lane(self.responses, broker, client, side.gate, self.transport,
+                                  marks, stats, "response", lambda: not self.closed,
+                                  response_failed)
 
     def _feed_requests(self, data: bytes, limited: bool, room: int
               ) -> tuple[Buffer | bytearray, list[RequestEvent]] | None:
@@ -812,6 +721,8 @@ class ProxiedConnection(asyncio.BufferedProtocol):
             self.upstream.gate.pause("client_backpressure")
 
     def resume_writing(self) -> None:
+        if self.response_lane is not None:
+            self.response_lane.drained()
         if self.upstream is not None:
             self.upstream.gate.resume("client_backpressure")
 
@@ -864,6 +775,8 @@ class ProxiedConnection(asyncio.BufferedProtocol):
                     self.close(reason, detail=detail, side="client")
                 elif self.ctx.host.draining:
                     self.finish()
+        if self.response_lane is not None:
+            self.response_lane.splice()
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -917,7 +830,9 @@ class ProxiedConnection(asyncio.BufferedProtocol):
             self._connect_task.cancel()
         if self._unmute is not None:
             self._unmute.cancel()
-        self._end_splice_wait()  # (bytes still waiting: the broker never gets the frame's end)
+        for lane in (self.request_lane, self.response_lane):
+            if lane is not None:  # (bytes still waiting: the frame's end never goes)
+                lane.close()
         for closed in self.chain.closed:  # (the table still holds what was in flight)
             closed(reason)
         upstream = self.upstream.transport if self.upstream is not None else None
@@ -1018,7 +933,7 @@ def read_events(forward: Buffer | bytearray, events: list[RequestEvent],
     return ReadOutcome(out, read, measured, dropped)
 
 
-class UpstreamSide(asyncio.Protocol):
+class UpstreamSide(asyncio.BufferedProtocol):
     __slots__ = ("conn", "gate", "stream", "transport")
 
     def __init__(self, conn: ProxiedConnection) -> None:
@@ -1032,6 +947,17 @@ class UpstreamSide(asyncio.Protocol):
         net = self.conn.ctx.network
         transport.set_write_buffer_limits(net.write_buffer_high_bytes, net.write_buffer_low_bytes)
         self.gate.attach(transport)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        """Where the next read of the broker goes: a short one where a splice follows."""
+        conn = self.conn
+        lane = conn.response_lane
+        if lane is None:
+            return _READ_BUFFER
+        return _READ_BUFFER[:lane.read_size(conn.responses.in_progress is not None)]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.conn.upstream_data(_READ_BUFFER[:nbytes].tobytes())
 
     def data_received(self, data: bytes) -> None:
         self.conn.upstream_data(data)
@@ -1051,11 +977,8 @@ class UpstreamSide(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         conn = self.conn
-        if conn.splice_drain:  # (emptied for a splice: the configured marks again)
-            conn.splice_drain = False
-            net = conn.ctx.network
-            self.transport.set_write_buffer_limits(  # type: ignore[union-attr]
-                net.write_buffer_high_bytes, net.write_buffer_low_bytes)
+        if conn.request_lane is not None:
+            conn.request_lane.drained()
         conn.client_gate.resume("upstream_backpressure")
 
 

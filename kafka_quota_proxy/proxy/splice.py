@@ -25,10 +25,20 @@ import asyncio
 import contextlib
 import fcntl
 import os
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple, Protocol
+
+from kafka_quota_proxy.proxy.flow import ReadGate
+from kafka_quota_proxy.proxy.metrics import ProxyStats
 
 # Spans shorter than this go the usual way (two system calls per chunk either way).
 SPLICE_MIN_BYTES = 64 * 1024
+# How much a read of a side that splices takes (``Lane.read_size``): within a span to
+# splice only what wakes the connection; where a span may follow, enough for a Produce
+# request's or a Fetch response's headers before it; else as much as uvloop reads at once
+READ_IN_SPAN = 4 * 1024
+READ_BETWEEN_SPANS = 16 * 1024
+READ_BYTES = 256 * 1024
 PIPE_BYTES = 1024 * 1024  # asked of F_SETPIPE_SZ (the kernel's default is 64 KiB)
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _FLAGS = getattr(os, "SPLICE_F_MOVE", 1) | getattr(os, "SPLICE_F_NONBLOCK", 2)
@@ -171,3 +181,139 @@ def socket_fd(transport: asyncio.BaseTransport | None) -> int | None:
     except (OSError, AttributeError):
         return None
     return fd if isinstance(fd, int) and fd >= 0 else None
+
+
+class Passable(Protocol):
+    """A stream whose frame under way may partly go by unread (``RequestStream``,
+    ``ResponseStream``)."""
+
+    def passable(self) -> int: ...
+
+    def passed(self, n: int) -> None: ...
+
+
+class Lane:
+    """One direction of a connection's splicing: from the socket read behind ``gate`` (the
+    source side's read gate) to the socket written through ``sink`` (the other side's
+    transport, holding ``marks`` as its write buffer limits). ``may()`` says whether the
+    connection splices at all now; ``failed(side, error)`` closes it when a socket fails
+    (``side``: "source" or "sink")."""
+
+    __slots__ = ("_waiting", "direction", "draining", "failed", "gate", "marks", "may",
+                 "sink", "sink_fd", "source_fd", "spliced_frame", "stats", "stream")
+
+    def __init__(self, stream: Passable, source_fd: int, sink_fd: int, gate: ReadGate,
+                 sink: asyncio.Transport, marks: tuple[int, int], stats: ProxyStats,
+                 direction: str, may: Callable[[], bool],
+                 failed: Callable[[str, OSError], None]) -> None:
+        self.stream = stream
+        self.source_fd, self.sink_fd = source_fd, sink_fd
+        self.gate = gate
+        self.sink = sink
+        self.marks = marks
+        self.stats = stats
+        self.direction = direction
+        self.may = may
+        self.failed = failed
+        self.draining = False  # the sink's marks lowered to 0 until its buffer empties
+        self.spliced_frame = False  # the newest frame's bytes were spliced (``read_size``)
+        # bytes spliced that the sink has not taken yet: (their pipe, how many, a duplicate
+        # of the sink's descriptor watched for room)
+        self._waiting: tuple[Pipe, int, int] | None = None
+
+    def read_size(self, mid_frame: bool) -> int:
+        """How much the source side's next read should take: within a span to splice only
+        what wakes it, at the start of a frame after a spliced one (or between its spans)
+        enough for the headers before the next span, else ``READ_BYTES``."""
+        if mid_frame:
+            if self.stream.passable() >= SPLICE_MIN_BYTES:
+                return READ_IN_SPAN
+            if self.spliced_frame:
+                return READ_BETWEEN_SPANS
+        elif self.spliced_frame:  # (once: a frame that is not spliced ends it)
+            self.spliced_frame = False
+            return READ_BETWEEN_SPANS
+        return READ_BYTES
+
+    def splice(self) -> None:
+        """The rest of the span under way, as far as the source has it now. Only while the
+        source is read and the sink's transport has nothing buffered, so that order holds:
+        when it has, the source is not read until it has emptied (its pause_writing at a
+        high-water mark of 0, then ``drained``), and the span is spliced after it."""
+        stream = self.stream
+        room = stream.passable()
+        if room < SPLICE_MIN_BYTES or self.gate.paused or not self.may():
+            return
+        if self.sink.get_write_buffer_size():
+            if not self.draining:
+                self.draining = True
+                self.sink.set_write_buffer_limits(0, 0)
+            return
+        moved, pipe, waiting, error, side = splice_span(self.source_fd, self.sink_fd, room)
+        if moved:
+            self.spliced_frame = True
+            stream.passed(moved)
+            self.stats.spliced[self.direction] += moved
+        if error is not None:
+            self.failed(side, error)
+        elif pipe is not None:
+            self._wait(pipe, waiting)
+
+    def drained(self) -> None:
+        """The sink's transport has emptied (its resume_writing): its own marks again."""
+        if self.draining:
+            self.draining = False
+            self.sink.set_write_buffer_limits(*self.marks)
+
+    def _wait(self, pipe: Pipe, waiting: int) -> None:
+        """Spliced bytes wait in ``pipe`` for room in the sink's socket: the source is not
+        read until they have gone (``_room``)."""
+        watched = -1
+        if begin_wait():
+            try:
+                watched = os.dup(self.sink_fd)  # (the transport's own is the loop's)
+            except OSError:
+                end_wait()
+        if watched < 0:  # (too many waiting, or out of descriptors: through the transport)
+            self.sink.write(read_back(pipe, waiting))
+            release(pipe)
+            return
+        self._waiting = (pipe, waiting, watched)
+        self.stats.splice_waits += 1
+        self.gate.pause("splice")
+        asyncio.get_running_loop().add_writer(watched, self._room)
+
+    def _room(self) -> None:
+        """The sink's socket has room: the bytes waiting go on; once all have, the source is
+        read again, and what it has of the span meanwhile is spliced."""
+        state = self._waiting
+        if state is None:
+            return
+        pipe, waiting, watched = state
+        waiting, error = drain(pipe, waiting, self.sink_fd)
+        self._waiting = (pipe, waiting, watched)
+        if error is not None:
+            self.failed("sink", error)
+            return
+        if waiting:
+            return
+        self.close()
+        self.gate.resume("splice")
+        self.splice()
+
+    def close(self) -> None:
+        """No more waiting (the connection closes: bytes still waiting are dropped with the
+        pipe, and the sink never gets the frame's end)."""
+        state = self._waiting
+        if state is None:
+            return
+        self._waiting = None
+        pipe, waiting, watched = state
+        asyncio.get_running_loop().remove_writer(watched)
+        os.close(watched)
+        end_wait()
+        release(pipe, empty=not waiting)
+
+    @property
+    def waiting(self) -> bool:
+        return self._waiting is not None

@@ -12,13 +12,15 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections.abc import Callable, Coroutine
+import uuid
+from collections.abc import AsyncIterator, Callable, Coroutine
 from datetime import timedelta
 from typing import Any, cast
 
 import pytest
 import uvloop
 from kio.index import load_request_schema
+from kio.schema.errors import ErrorCode
 
 from kafka_quota_proxy.config.schema import NetworkConfig
 from kafka_quota_proxy.protocol.headers import encode_request_header
@@ -30,7 +32,7 @@ from kafka_quota_proxy.proxy.connection import ProxiedConnection
 from kafka_quota_proxy.proxy.context import ConnectionContext
 from kafka_quota_proxy.proxy.metrics import ProxyStats
 from testkit.connection import FakeHost, PassThroughRewriter
-from testkit.frames import frame
+from testkit.frames import frame, kio_encode, ms, request_frame, response_class, response_frame
 
 pytestmark = pytest.mark.skipif(not splice.AVAILABLE, reason="no os.splice here")
 
@@ -126,23 +128,29 @@ def _produce(records: bytes, correlation: int) -> bytes:
     return frame(encode_request_header(0, 9, correlation, "p") + encode(value))
 
 
-async def _through_proxy(frames: bytes, *, splice_on: bool, slow: bool
-                         ) -> tuple[bytes, ProxyStats, bool]:
-    """The client sends ``frames`` through a ``ProxiedConnection`` to a socket in the
-    broker's place, read at once, or (``slow``) 32 KiB at a time with small socket buffers
-    between the two; what it got, the connection's stats, and whether the connection held its client
-    back for spliced bytes meanwhile."""
+class _Setup:
+    """A ``ProxiedConnection`` (``conn``) accepted from a client (``reader``, ``writer``),
+    connected to a plain socket in the broker's place (``broker``)."""
+
+    conn: ProxiedConnection
+    stats: ProxyStats
+    broker: socket.socket
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+
+
+@contextlib.asynccontextmanager
+async def _connected(splice_on: bool = True) -> AsyncIterator[_Setup]:
     loop = asyncio.get_running_loop()
-    broker = socket.create_server(("127.0.0.1", 0))
-    if slow:
-        broker.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
-    broker.setblocking(False)
-    port = broker.getsockname()[1]
-    stats = ProxyStats()
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+    setup = _Setup()
+    setup.stats = ProxyStats()
     ctx = ConnectionContext(
         host=FakeHost(), listener="broker-1", scope=1,
-        network=NetworkConfig(splice=splice_on), connect_timeout_seconds=5.0, stats=stats,
-        rewriter=cast(ListeningRewriter, PassThroughRewriter()),
+        network=NetworkConfig(splice=splice_on), connect_timeout_seconds=5.0,
+        stats=setup.stats, rewriter=cast(ListeningRewriter, PassThroughRewriter()),
         interests=InterestTable([addresses]), filters=())
     conns: list[ProxiedConnection] = []
 
@@ -152,37 +160,102 @@ async def _through_proxy(frames: bytes, *, splice_on: bool, slow: bool
         return conn
 
     proxy = await loop.create_server(made, "127.0.0.1", 0)
-    _reader, writer = await asyncio.open_connection(
+    setup.reader, setup.writer = await asyncio.open_connection(
         "127.0.0.1", proxy.sockets[0].getsockname()[1])
-    upstream, _ = await loop.sock_accept(broker)
-    upstream.setblocking(False)
+    setup.broker, _ = await loop.sock_accept(listener)
+    setup.broker.setblocking(False)
     while not conns or conns[0].upstream is None:  # (connected: set as it goes on)
         await asyncio.sleep(0)
-    if slow:  # the proxy's end too: a small send buffer, so the broker's socket fills
-        side = conns[0].upstream.transport.get_extra_info("socket")  # type: ignore[union-attr]
-        side.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 * 1024)
-    got = bytearray()
-    held = False
+    setup.conn = conns[0]
     try:
-        writer.write(frames)
-        sending = asyncio.ensure_future(writer.drain())
-        while len(got) < len(frames):
-            await asyncio.sleep(0.002 if slow else 0)
-            held = held or conns[0].client_gate.has("splice")
-            with contextlib.suppress(BlockingIOError):
-                got += upstream.recv(32 * 1024 if slow else MB)
-        await sending
+        yield setup
     finally:
-        writer.close()
-        for conn in conns:
-            conn.close("done")
-        upstream.close()
-        broker.close()
+        setup.writer.close()
+        setup.conn.close("done")
+        setup.broker.close()
+        listener.close()
         proxy.close()
         await proxy.wait_closed()
-        for conn in conns:  # (nothing left registered with the loop)
-            assert conn._spliced_waiting is None
-    return bytes(got), stats, held
+        for lane in (setup.conn.request_lane, setup.conn.response_lane):
+            assert lane is None or not lane.waiting  # (nothing left registered with the loop)
+
+
+def _small_buffers(sock: Any) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16 * 1024)
+
+
+async def _through_proxy(frames: bytes, *, splice_on: bool, slow: bool
+                         ) -> tuple[bytes, ProxyStats, bool]:
+    """The client sends ``frames`` through the connection to the socket in the broker's
+    place, read at once, or (``slow``) 32 KiB at a time behind small socket buffers; what it
+    got, the stats, and whether the connection held its client back for spliced bytes."""
+    got = bytearray()
+    held = False
+    async with _connected(splice_on) as setup:
+        if slow:
+            setup.broker.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+            _small_buffers(setup.conn.upstream.transport.get_extra_info(  # type: ignore[union-attr]
+                "socket"))
+        setup.writer.write(frames)
+        sending = asyncio.ensure_future(setup.writer.drain())
+        while len(got) < len(frames):
+            await asyncio.sleep(0.002 if slow else 0)
+            held = held or setup.conn.client_gate.has("splice")
+            with contextlib.suppress(BlockingIOError):
+                got += setup.broker.recv(32 * 1024 if slow else MB)
+        await sending
+    return bytes(got), setup.stats, held
+
+
+def _fetch_response(version: int, correlation: int, records: list[bytes]) -> bytes:
+    cls = response_class(1, version)
+    module = __import__(cls.__module__, fromlist=["x"])
+    partitions = tuple(module.PartitionData(
+        partition_index=i, error_code=ErrorCode.none, high_watermark=10, last_stable_offset=10,
+        log_start_offset=0, diverging_epoch=module.EpochEndOffset(),
+        current_leader=module.LeaderIdAndEpoch(), snapshot_id=module.SnapshotId(),
+        aborted_transactions=(), preferred_read_replica=-1, records=r)
+        for i, r in enumerate(records))
+    name = {"topic": "t"} if version < 13 else {"topic_id": uuid.UUID(int=7)}
+    topic = module.FetchableTopicResponse(**name, partitions=partitions)
+    return response_frame(1, version, correlation, kio_encode(
+        cls(throttle_time=ms(0), error_code=ErrorCode.none, session_id=0, responses=(topic,))))
+
+
+async def _fetched(version: int, responses: bytes, *, slow: bool
+                   ) -> tuple[bytes, ProxyStats, bool]:
+    """The client asks for one Fetch (v``version``) per response in ``responses``, which
+    the broker's place sends back at once; what the client read (at once, or ``slow``: 32
+    KiB at a time behind small socket buffers), the stats, and whether the connection
+    stopped reading the broker for spliced bytes meanwhile."""
+    count = 0
+    at = 0
+    while at < len(responses):
+        at += 4 + int.from_bytes(responses[at : at + 4], "big")
+        count += 1
+    got = bytearray()
+    held = False
+    async with _connected() as setup:
+        if slow:
+            _small_buffers(setup.conn.transport.get_extra_info("socket"))  # type: ignore[union-attr]
+            setup.writer.transport.get_extra_info("socket").setsockopt(
+                socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+        setup.writer.write(b"".join(request_frame(1, version, n, "c") for n in range(count)))
+        asked = b""
+        while len(asked) < count * len(request_frame(1, version, 0, "c")):
+            await asyncio.sleep(0)
+            with contextlib.suppress(BlockingIOError):
+                asked += setup.broker.recv(MB)
+        setup.broker.setblocking(True)
+        sending = asyncio.get_running_loop().run_in_executor(
+            None, setup.broker.sendall, responses)
+        while len(got) < len(responses):
+            if slow:
+                await asyncio.sleep(0.002)
+            held = held or setup.conn.upstream.gate.has("splice")  # type: ignore[union-attr]
+            got += await setup.reader.read(32 * 1024 if slow else MB)
+        await sending
+    return bytes(got), setup.stats, held
 
 
 def _on(loop: str, main: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
@@ -231,3 +304,29 @@ def test_past_the_bound_on_pipes_waiting_the_bytes_go_through_the_transport(
     got, stats, held = _on("uvloop", lambda: _through_proxy(frames, splice_on=True, slow=True))
     assert got == frames
     assert stats.splice_waits == 0 and not held and stats.spliced["request"] > 0
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+@pytest.mark.parametrize("version", [12, 16])
+def test_large_fetch_responses_are_mostly_spliced_and_arrive_whole(loop: str, version: int
+                                                                   ) -> None:
+    """Fetch responses of two partitions of 1 MB each (librdkafka's max.partition.fetch.bytes)
+    reach the client byte for byte, most of them through the kernel: v12 passed through
+    whole, v16 walked for its top-level tagged fields (held back and rewritten in place)
+    with the record batches between its headers spliced."""
+    responses = b"".join(_fetch_response(version, n, [os.urandom(MB), os.urandom(MB)])
+                         for n in range(2))
+    got, stats, _ = _on(loop, lambda: _fetched(version, responses, slow=False))
+    assert got == responses
+    assert stats.spliced["response"] > len(responses) // 2
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_slow_client_holds_the_broker_back_until_it_takes_the_bytes(loop: str) -> None:
+    """The client reads slowly: spliced bytes wait in a pipe, the broker is not read
+    meanwhile, and the client still gets every byte once and in order."""
+    responses = b"".join(_fetch_response(16, n, [os.urandom(MB), os.urandom(MB)])
+                         for n in range(2))
+    got, stats, held = _on(loop, lambda: _fetched(16, responses, slow=True))
+    assert got == responses
+    assert stats.splice_waits > 0 and held and stats.spliced["response"] > 0
