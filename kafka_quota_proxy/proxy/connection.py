@@ -416,10 +416,11 @@ class ProxiedConnection(asyncio.BufferedProtocol):
                 self.close("upstream_error", detail=str(error), side="upstream")
 
         self.request_lane = Lane(self.requests, client, broker, self.client_gate, upstream,
-                                 marks, stats, "request", reading, request_failed)
+                                 marks, stats, "request", "upstream_slow", reading,
+                                 request_failed)
         self.response_lane = Lane(self.responses, broker, client, side.gate, self.transport,
-                                  marks, stats, "response", lambda: not self.closed,
-                                  response_failed)
+                                  marks, stats, "response", "client_slow",
+                                  lambda: not self.closed, response_failed)
 
     def _feed_requests(self, data: bytes, limited: bool, room: int
               ) -> tuple[Buffer | bytearray, list[RequestEvent]] | None:
@@ -498,6 +499,18 @@ class ProxiedConnection(asyncio.BufferedProtocol):
         buffered = sum(map(len, self._early))
         if upstream is not None and upstream.transport is not None:
             buffered += upstream.transport.get_write_buffer_size()
+        if self.request_lane is not None:
+            buffered += self.request_lane.waiting_bytes
+        return buffered
+
+    @property
+    def client_buffered(self) -> int:
+        """Bytes for the client that have not left for it (the transport's buffer, and
+        spliced bytes waiting for room in its socket)."""
+        transport = self.transport
+        buffered = transport.get_write_buffer_size() if transport is not None else 0
+        if self.response_lane is not None:
+            buffered += self.response_lane.waiting_bytes
         return buffered
 
     def hold_responses(self, reason: str) -> None:

@@ -164,8 +164,7 @@ class Proxy:
         stats.rewritten = rewritten
         stats.node_endpoints_dropped = lambda: sum(
             k.rewriter.node_endpoints_dropped for k in self.kinds)
-        stats.client_write_buffered = lambda: sum(
-            c.transport.get_write_buffer_size() for c in self.connections if c.transport)
+        stats.client_write_buffered = lambda: sum(c.client_buffered for c in self.connections)
         stats.client_unread = lambda: sum(c.unread_bytes for c in self.connections)
         stats.in_flight = lambda: sum(len(c.table) for c in self.connections)
         stats.feature_families.append(self.slots.metric_families)

@@ -139,18 +139,20 @@ def read_back(pipe: Pipe, n: int) -> bytes:
     return b"".join(parts)
 
 
-def splice_span(source: int, sink: int, limit: int) -> Spliced:
+def splice_span(source: int, sink: int, limit: int, chunk: int = PIPE_BYTES) -> Spliced:
     """Move up to ``limit`` bytes from socket ``source`` to socket ``sink`` through a pipe,
-    stopping when the source holds no more now (or at its end), or when the sink will not
-    take more: those bytes then wait in the pipe returned (the caller's, until ``drain``
-    has moved them and it is ``release``d)."""
+    ``chunk`` bytes at most at a time, stopping when the source holds no more now (or at
+    its end), or when the sink will not take more: those bytes (at most a chunk) then wait
+    in the pipe returned (the caller's, until ``drain`` has moved them and it is
+    ``release``d)."""
     pipe = _take()
     if pipe is None:
         return Spliced(0)
+    chunk = min(chunk, pipe.size)
     moved = 0
     while moved < limit:
         try:
-            k = os.splice(source, pipe.w, min(limit - moved, pipe.size), flags=_FLAGS)
+            k = os.splice(source, pipe.w, min(limit - moved, chunk), flags=_FLAGS)
         except BlockingIOError:
             break
         except OSError as exc:
@@ -197,14 +199,19 @@ class Lane:
     source side's read gate) to the socket written through ``sink`` (the other side's
     transport, holding ``marks`` as its write buffer limits). ``may()`` says whether the
     connection splices at all now; ``failed(side, error)`` closes it when a socket fails
-    (``side``: "source" or "sink")."""
+    (``side``: "source" or "sink").
+
+    Bytes waiting in its pipe are the proxy's buffer towards the sink as a transport's are:
+    at most the high-water mark of them (each splice moves at most that much at a time), and
+    a wait is a backpressure pause of the source (``stats.backpressure[slow_side]``)."""
 
     __slots__ = ("_waiting", "direction", "draining", "failed", "gate", "marks", "may",
-                 "sink", "sink_fd", "source_fd", "spliced_frame", "stats", "stream")
+                 "sink", "sink_fd", "slow_side", "source_fd", "spliced_frame", "stats",
+                 "stream")
 
     def __init__(self, stream: Passable, source_fd: int, sink_fd: int, gate: ReadGate,
                  sink: asyncio.Transport, marks: tuple[int, int], stats: ProxyStats,
-                 direction: str, may: Callable[[], bool],
+                 direction: str, slow_side: str, may: Callable[[], bool],
                  failed: Callable[[str, OSError], None]) -> None:
         self.stream = stream
         self.source_fd, self.sink_fd = source_fd, sink_fd
@@ -213,6 +220,7 @@ class Lane:
         self.marks = marks
         self.stats = stats
         self.direction = direction
+        self.slow_side = slow_side
         self.may = may
         self.failed = failed
         self.draining = False  # the sink's marks lowered to 0 until its buffer empties
@@ -249,7 +257,8 @@ class Lane:
                 self.draining = True
                 self.sink.set_write_buffer_limits(0, 0)
             return
-        moved, pipe, waiting, error, side = splice_span(self.source_fd, self.sink_fd, room)
+        moved, pipe, waiting, error, side = splice_span(self.source_fd, self.sink_fd, room,
+                                                        self.marks[0])
         if moved:
             self.spliced_frame = True
             stream.passed(moved)
@@ -280,6 +289,7 @@ class Lane:
             return
         self._waiting = (pipe, waiting, watched)
         self.stats.splice_waits += 1
+        self.stats.backpressure[self.slow_side] += 1
         self.gate.pause("splice")
         asyncio.get_running_loop().add_writer(watched, self._room)
 
@@ -317,3 +327,8 @@ class Lane:
     @property
     def waiting(self) -> bool:
         return self._waiting is not None
+
+    @property
+    def waiting_bytes(self) -> int:
+        """Spliced bytes the sink has not taken yet."""
+        return self._waiting[1] if self._waiting is not None else 0

@@ -140,7 +140,7 @@ class _Setup:
 
 
 @contextlib.asynccontextmanager
-async def _connected(splice_on: bool = True) -> AsyncIterator[_Setup]:
+async def _connected(splice_on: bool = True, high: int = 4 * MB) -> AsyncIterator[_Setup]:
     loop = asyncio.get_running_loop()
     listener = socket.create_server(("127.0.0.1", 0))
     listener.setblocking(False)
@@ -149,7 +149,9 @@ async def _connected(splice_on: bool = True) -> AsyncIterator[_Setup]:
     setup.stats = ProxyStats()
     ctx = ConnectionContext(
         host=FakeHost(), listener="broker-1", scope=1,
-        network=NetworkConfig(splice=splice_on), connect_timeout_seconds=5.0,
+        network=NetworkConfig(splice=splice_on, write_buffer_high_bytes=high,
+                              write_buffer_low_bytes=min(high, MB)),
+        connect_timeout_seconds=5.0,
         stats=setup.stats, rewriter=cast(ListeningRewriter, PassThroughRewriter()),
         interests=InterestTable([addresses]), filters=())
     conns: list[ProxiedConnection] = []
@@ -222,20 +224,20 @@ def _fetch_response(version: int, correlation: int, records: list[bytes]) -> byt
         cls(throttle_time=ms(0), error_code=ErrorCode.none, session_id=0, responses=(topic,))))
 
 
-async def _fetched(version: int, responses: bytes, *, slow: bool
-                   ) -> tuple[bytes, ProxyStats, bool]:
+async def _fetched(version: int, responses: bytes, *, slow: bool, high: int = 4 * MB
+                   ) -> tuple[bytes, ProxyStats, int]:
     """The client asks for one Fetch (v``version``) per response in ``responses``, which
     the broker's place sends back at once; what the client read (at once, or ``slow``: 32
-    KiB at a time behind small socket buffers), the stats, and whether the connection
-    stopped reading the broker for spliced bytes meanwhile."""
+    KiB at a time behind small socket buffers), the stats, and the most spliced bytes seen
+    waiting for the client (0: the broker was never held back for them)."""
     count = 0
     at = 0
     while at < len(responses):
         at += 4 + int.from_bytes(responses[at : at + 4], "big")
         count += 1
     got = bytearray()
-    held = False
-    async with _connected() as setup:
+    held = 0
+    async with _connected(high=high) as setup:
         if slow:
             _small_buffers(setup.conn.transport.get_extra_info("socket"))  # type: ignore[union-attr]
             setup.writer.transport.get_extra_info("socket").setsockopt(
@@ -252,7 +254,11 @@ async def _fetched(version: int, responses: bytes, *, slow: bool
         while len(got) < len(responses):
             if slow:
                 await asyncio.sleep(0.002)
-            held = held or setup.conn.upstream.gate.has("splice")  # type: ignore[union-attr]
+            lane = setup.conn.response_lane
+            assert lane is not None
+            held = max(held, lane.waiting_bytes)
+            assert bool(lane.waiting_bytes) == setup.conn.upstream.gate.has(  # type: ignore[union-attr]
+                "splice")
             got += await setup.reader.read(32 * 1024 if slow else MB)
         await sending
     return bytes(got), setup.stats, held
@@ -285,6 +291,7 @@ def test_a_full_broker_socket_holds_the_client_back_until_it_takes_the_bytes(
     assert got == frames
     assert stats.splice_waits > 0 and paused
     assert stats.spliced["request"] > 0
+    assert stats.backpressure["upstream_slow"] >= stats.splice_waits  # (a pause as any)
 
 
 def test_with_splice_off_every_byte_is_read_and_written() -> None:
@@ -330,3 +337,15 @@ def test_a_slow_client_holds_the_broker_back_until_it_takes_the_bytes(loop: str)
     got, stats, held = _on(loop, lambda: _fetched(16, responses, slow=True))
     assert got == responses
     assert stats.splice_waits > 0 and held and stats.spliced["response"] > 0
+    assert stats.backpressure["client_slow"] >= stats.splice_waits  # (a pause as any)
+
+
+def test_what_waits_for_a_slow_client_stays_within_the_high_water_mark() -> None:
+    """``network.write_buffer_high_bytes`` bounds what the proxy holds for a client, spliced
+    bytes waiting in the pipe included (a splice moves at most that much at a time)."""
+    responses = b"".join(_fetch_response(16, n, [os.urandom(MB), os.urandom(MB)])
+                         for n in range(2))
+    got, stats, held = _on("uvloop", lambda: _fetched(16, responses, slow=True,
+                                                      high=64 * 1024))
+    assert got == responses
+    assert 0 < held <= 64 * 1024 and stats.splice_waits > 0
