@@ -216,9 +216,10 @@ class NetworkConfig(_Model):
     write_buffer_low_bytes: int = Field(default=1024 * 1024, ge=0)
     splice: bool = Field(
         default=True,
-        description="Move the record batches of requests from client to broker in the "
-        "kernel (Linux splice) where nothing needs to read them: plaintext on both sides "
-        "only. Off: every byte is read into the proxy and written out again.")
+        description="Move the record batches of Produce requests and Fetch responses from "
+        "one socket to the other in the kernel (Linux splice) where nothing needs to read "
+        "them: plaintext on both sides only. Off: every byte is read into the proxy and "
+        "written out again.")
     shutdown_timeout_seconds: float = Field(default=30.0, ge=0)
     max_in_flight_requests: int = Field(
         default=1000, ge=1, le=1_000_000,

@@ -1,22 +1,24 @@
 """Moving a frame's bytes from one socket to the other in the kernel (Linux ``splice``).
 
-A Produce request is mostly record batches that the proxy only counts: its walks read the
-request's header and the topics and partitions around them, and skip the records by their
-length (``RequestStream.passable``). Read into Python and written out again, each of those
-bytes is copied four times (into the proxy, into a ``bytes``, out to the broker's socket). Moved
-socket to pipe to socket with ``splice``, the kernel hands the pages over instead: on this
-machine a copying loop costs 0.36-0.40 core-s per GB moved and a splicing one 0.20
-(docs/performance.md).
+A Produce request and a Fetch response are mostly record batches that the proxy only counts:
+its walks read the frame's header and the topics and partitions around them, and skip the
+records by their length (``RequestStream.passable``, ``ResponseStream.passable``). Read into
+Python and written out again, each of those bytes is copied three times (into the read
+buffer, into a ``bytes``, into the other socket). Moved socket to pipe to socket with
+``splice``, the kernel hands the pages over instead: on this machine a copying loop costs
+0.36-0.40 core-s per GB moved and a splicing one 0.20 (``bench/splice_floor.py``,
+docs/performance.md).
 
-The move happens within the read that found the span (``ProxiedConnection``): it takes what
-the client socket holds now, up to the span's end. When the broker's socket will not take all
-of it, the rest waits in the pipe, which that connection then keeps: its client is not read
-(a pause of its read gate) until the broker's socket has taken it, so nothing overtakes those
-bytes and backpressure reaches the client as it does when the upstream transport's buffer is
-full. Pipes are kept in a small pool of the process (one event loop) and made as needed.
+A ``Lane`` per direction of a connection moves a span within the read that found it: it
+takes what the source socket holds now, up to the span's end (never a frame's last byte,
+which the stream reads as usual). When the sink's socket will not take all of it, the rest
+waits in the pipe, which that lane then keeps: its source is not read (a pause of its read
+gate) until the sink's socket has taken it, so nothing overtakes those bytes and
+backpressure reaches the sending side as it does when a transport's buffer is full. Pipes are
+kept in a small pool of the process (one event loop) and made as needed.
 
 Only plaintext sockets on both sides (TLS needs the bytes in user space) and only when the
-upstream transport has nothing buffered (else the spliced bytes would overtake it).
+sink's transport has nothing buffered (else the spliced bytes would overtake it).
 """
 
 from __future__ import annotations
