@@ -42,8 +42,7 @@ from kafka_quota_proxy.proxy.context import ConnectionContext
 from kafka_quota_proxy.proxy.filters.base import Client, Filter, FilterChain
 from kafka_quota_proxy.proxy.flow import ReadGate
 from kafka_quota_proxy.proxy.logs import get_logger
-from kafka_quota_proxy.proxy.splice import AVAILABLE as _SPLICE
-from kafka_quota_proxy.proxy.splice import READ_BYTES, Lane, socket_fd
+from kafka_quota_proxy.proxy.splice import READ_BYTES, Lane, socket_fd, usable
 from kafka_quota_proxy.quota.entities import ANONYMOUS
 from kafka_quota_proxy.security.principal_mapping import NoMatchingRule
 from kafka_quota_proxy.security.x500 import subject_principal
@@ -390,7 +389,7 @@ class ProxiedConnection(asyncio.BufferedProtocol):
 
     def _make_lanes(self, side: UpstreamSide, upstream: asyncio.Transport) -> None:
         """The two lanes of splicing, when it is on and both sockets are plaintext TCP."""
-        if not (_SPLICE and self.ctx.network.splice) or type(self) is not ProxiedConnection:
+        if not (self.ctx.network.splice and usable()) or type(self) is not ProxiedConnection:
             return
         client, broker = socket_fd(self.transport), socket_fd(upstream)
         if client is None or broker is None or type(side) is not UpstreamSide:

@@ -25,13 +25,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import fcntl
 import os
 from collections.abc import Callable
 from typing import NamedTuple, Protocol
 
 from kafka_quota_proxy.proxy.flow import ReadGate
+from kafka_quota_proxy.proxy.logs import get_logger
 from kafka_quota_proxy.proxy.metrics import ProxyStats
+
+log = get_logger("kafka_quota_proxy.splice")
 
 # Spans shorter than this go the usual way (two system calls per chunk either way).
 SPLICE_MIN_BYTES = 64 * 1024
@@ -48,11 +52,37 @@ AVAILABLE = hasattr(os, "splice")
 
 
 class Spliced(NamedTuple):
-    moved: int  # bytes taken from the source: delivered, or waiting in ``pipe``
+    moved: int  # bytes taken from the source: delivered, waiting in ``pipe``, or ``left``
     pipe: Pipe | None = None  # holding ``waiting`` bytes the sink would not take yet
     waiting: int = 0
     error: OSError | None = None
     side: str = ""  # "source" or "sink" when ``error``
+    # splice refused by the system (``unusable``): the bytes taken but not delivered, read
+    # back, to go next through the transport
+    left: bytes | None = None
+
+
+# What splice answers where the system does not allow it on these descriptors (a seccomp
+# profile, a sandbox's kernel), as opposed to a failing connection
+_REFUSALS = frozenset({errno.EINVAL, errno.ENOSYS, errno.EPERM, errno.EACCES,
+                       errno.EOPNOTSUPP})
+_unusable = False
+
+
+def usable() -> bool:
+    """Whether splicing is on for this process (off for good once the system refused it)."""
+    return AVAILABLE and not _unusable
+
+
+def _refused(exc: OSError) -> bool:
+    global _unusable
+    if exc.errno not in _REFUSALS:
+        return False
+    if not _unusable:
+        _unusable = True
+        log.warning("splice_unavailable", error=str(exc),
+                    detail="the system refuses splice: every byte is read and written")
+    return True
 
 
 class Pipe:
@@ -159,12 +189,18 @@ def splice_span(source: int, sink: int, limit: int, chunk: int = PIPE_BYTES) -> 
             break
         except OSError as exc:
             release(pipe)
+            if _refused(exc):  # (nothing taken by this call)
+                return Spliced(moved, left=b"")
             return Spliced(moved, error=exc, side="source")
         if k == 0:  # the client's end: its own read sees it next
             break
         moved += k
         waiting, error = drain(pipe, k, sink)
         if error is not None:
+            if _refused(error):
+                left = read_back(pipe, waiting)
+                release(pipe)
+                return Spliced(moved, left=left)
             release(pipe, empty=False)
             return Spliced(moved, error=error, side="sink")
         if waiting:
@@ -208,7 +244,7 @@ class Lane:
     a wait is a backpressure pause of the source (``stats.backpressure[slow_side]``)."""
 
     __slots__ = ("_waiting", "direction", "draining", "failed", "gate", "marks", "may",
-                 "sink", "sink_fd", "slow_side", "source_fd", "spliced_frame", "stats",
+                 "off", "sink", "sink_fd", "slow_side", "source_fd", "spliced_frame", "stats",
                  "stream")
 
     def __init__(self, stream: Passable, source_fd: int, sink_fd: int, gate: ReadGate,
@@ -227,6 +263,7 @@ class Lane:
         self.failed = failed
         self.draining = False  # the sink's marks lowered to 0 until its buffer empties
         self.spliced_frame = False  # the newest frame's bytes were spliced (``read_size``)
+        self.off = False  # the system refused splice: read and written as any bytes
         # bytes spliced that the sink has not taken yet: (their pipe, how many, a duplicate
         # of the sink's descriptor watched for room)
         self._waiting: tuple[Pipe, int, int] | None = None
@@ -235,6 +272,8 @@ class Lane:
         """How much the source side's next read should take: within a span to splice only
         what wakes it, at the start of a frame after a spliced one (or between its spans)
         enough for the headers before the next span, else ``READ_BYTES``."""
+        if self.off:
+            return READ_BYTES
         if mid_frame:
             if self.stream.passable() >= SPLICE_MIN_BYTES:
                 return READ_IN_SPAN
@@ -250,6 +289,8 @@ class Lane:
         source is read and the sink's transport has nothing buffered, so that order holds:
         when it has, the source is not read until it has emptied (its pause_writing at a
         high-water mark of 0, then ``drained``), and the span is spliced after it."""
+        if self.off:
+            return
         stream = self.stream
         room = stream.passable()
         if room < SPLICE_MIN_BYTES or self.gate.paused or not self.may():
@@ -259,13 +300,17 @@ class Lane:
                 self.draining = True
                 self.sink.set_write_buffer_limits(0, 0)
             return
-        moved, pipe, waiting, error, side = splice_span(self.source_fd, self.sink_fd, room,
-                                                        self.marks[0])
+        moved, pipe, waiting, error, side, left = splice_span(
+            self.source_fd, self.sink_fd, room, self.marks[0])
         if moved:
             self.spliced_frame = True
             stream.passed(moved)
             self.stats.spliced[self.direction] += moved
-        if error is not None:
+        if left is not None:  # (refused by the system: no more splicing here)
+            self.off = True
+            if left:
+                self.sink.write(left)
+        elif error is not None:
             self.failed(side, error)
         elif pipe is not None:
             self._wait(pipe, waiting)

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import socket
+import stat
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
 from datetime import timedelta
@@ -349,3 +351,30 @@ def test_what_waits_for_a_slow_client_stays_within_the_high_water_mark() -> None
                                                       high=64 * 1024))
     assert got == responses
     assert 0 < held <= 64 * 1024 and stats.splice_waits > 0
+
+
+@pytest.mark.parametrize("refused_side", ["source", "sink"])
+def test_where_the_system_refuses_splice_every_byte_still_arrives(
+        monkeypatch: pytest.MonkeyPatch, refused_side: str) -> None:
+    """A seccomp profile or a sandbox's kernel may refuse splice (EINVAL, EPERM, ENOSYS...):
+    the connection goes on reading and writing every byte, the bytes already taken from the
+    client (the sink refused) are read back and forwarded first, and splicing is off for
+    the process from then on, new connections included."""
+    real = os.splice
+    monkeypatch.setattr(splice, "_unusable", False)
+
+    def refusing(src: int, dst: int, count: int, *args: Any, **kwargs: Any) -> int:
+        from_pipe = stat.S_ISFIFO(os.fstat(src).st_mode)
+        if from_pipe == (refused_side == "sink"):
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(src, dst, count, *args, **kwargs)
+
+    monkeypatch.setattr(os, "splice", refusing)
+    frames = b"".join(_produce(os.urandom(MB), n) for n in range(3))
+    got, stats, _ = _on("uvloop", lambda: _through_proxy(frames, splice_on=True, slow=False))
+    assert got == frames
+    assert not splice.usable()
+    if refused_side == "sink":
+        assert stats.spliced["request"] > 0  # (taken into the pipe, then read back)
+    got, stats, _ = _on("uvloop", lambda: _through_proxy(frames, splice_on=True, slow=False))
+    assert got == frames and stats.spliced["request"] == 0
