@@ -1017,7 +1017,7 @@ class _TlsReads:
         return bytes(buf[:nbytes])
 
 
-class TlsProxiedConnection(_TlsReads, ProxiedConnection, asyncio.BufferedProtocol):
+class TlsProxiedConnection(_TlsReads, ProxiedConnection):
     """A client connection over TLS."""
 
     _read_buffer: memoryview | None = None
@@ -1026,7 +1026,7 @@ class TlsProxiedConnection(_TlsReads, ProxiedConnection, asyncio.BufferedProtoco
         self.data_received(self._read(nbytes))
 
 
-class TlsUpstreamSide(_TlsReads, UpstreamSide, asyncio.BufferedProtocol):
+class TlsUpstreamSide(_TlsReads, UpstreamSide):
     """The upstream side over TLS."""
 
     __slots__ = ("_read_buffer",)

@@ -159,8 +159,8 @@ def drain(pipe: Pipe, n: int, sink: int) -> tuple[int, OSError | None]:
 
 
 def read_back(pipe: Pipe, n: int) -> bytes:
-    """The ``n`` bytes waiting in ``pipe``, read into memory (when no descriptor is left to
-    watch the sink with: they then go the usual way)."""
+    """The ``n`` bytes waiting in ``pipe``, read into memory to go through the transport
+    (no descriptor left to watch the sink with, or the system refused the splice out)."""
     parts = []
     while n > 0:
         chunk = os.read(pipe.r, n)
