@@ -25,6 +25,7 @@ from kafka_quota_proxy.protocol.headers import (
 )
 from kafka_quota_proxy.protocol.incremental import PartitionBytes, Walker, produce_request_walk
 from kafka_quota_proxy.protocol.primitives import INT32
+from kafka_quota_proxy.protocol.skim import skim_produce_request
 from kafka_quota_proxy.protocol.topic_guard import SPOILED
 
 # The most a legal request header (plus Produce's transactional_id and acks) can take: two
@@ -423,14 +424,35 @@ class RequestStream:
                 self._copying = (entry, [data[pos + 4 : n]])
             else:
                 self._events.append(FrameCopied(entry, data[pos + 4 : end], pos + 4))
-        if self._measure and api_key == _PRODUCE and api_version >= 3:
-            parts: PartitionBytes = []
-            self._measuring = (entry, Walker(produce_request_walk(api_version, parts)), parts)
-            self._measure_more(data, limit, pos + 4, more)
-        if self._watch is not None and api_key == _PRODUCE:
-            self._watching = (entry, self._watch(api_version))
+        if api_key != _PRODUCE:
+            return
+        measure = self._measure and api_version >= 3
+        skim = None
+        if not more and (measure or self._watch is not None):
+            # read whole: one straight pass for every follower (None: the walks decide)
+            skim = skim_produce_request(data, pos + 4, end, api_version)
+        if measure:
+            if skim is not None:
+                entry.partitions = [
+                    (name if api_version >= 13 else name.decode("utf-8", "replace"), index,
+                     size if size > 0 else 0)
+                    for name, _, parts in skim.topics for index, size in parts]
+                self._events.append(ProduceMeasured(entry))
+            else:
+                parts: PartitionBytes = []
+                self._measuring = (entry, Walker(produce_request_walk(api_version, parts)),
+                                   parts)
+                self._measure_more(data, limit, pos + 4, more)
+        if self._watch is not None:
+            watch = self._watch(api_version)
             self._watch_start = pos + 4
-            self._watch_more(data, limit, pos + 4, more)
+            if skim is not None:
+                watch.skimmed(skim)
+                if watch.refused:
+                    self._watched(entry, watch)
+            else:
+                self._watching = (entry, watch)
+                self._watch_more(data, limit, pos + 4, more)
 
     def _with_pending(self, data: bytes, progress: HeaderProgress | None
                       ) -> tuple[bytes, HeaderProgress | None] | None:

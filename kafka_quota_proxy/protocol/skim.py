@@ -1,4 +1,5 @@
-"""Skim Produce and Fetch responses: find field offsets without decoding.
+"""Skim Produce and Fetch responses, and Produce requests read whole: find field offsets
+without decoding.
 
 Produce responses and Fetch responses are the proxy's hot path (a Fetch response holds the
 record batches). The proxy must find a few things in them (the top-level tagged fields that
@@ -6,10 +7,15 @@ carry KIP-951 ``node_endpoints``; the ``throttle_time_ms`` field) without buildi
 every topic, partition and batch. These functions walk the structure by lengths only and
 return offsets. Layouts follow Kafka's ProduceResponse.json / FetchResponse.json; the unit
 tests check them against kio for every version.
+
+A Produce request is followed by walks (``incremental``) that take it chunk by chunk as it
+passes; one read whole (a small request: most of them) is skimmed once instead
+(``skim_produce_request``), for every follower, in one straight pass.
 """
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 
 from kafka_quota_proxy.protocol.primitives import INT16, INT32, read_uvarint, skip_tagged_fields
@@ -48,6 +54,93 @@ def _skip_bytes(buf: bytes | memoryview, pos: int, flexible: bool) -> int:
         return pos + max(n - 1, 0)
     size: int = INT32.unpack_from(buf, pos)[0]
     return pos + 4 + max(size, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceRequestSkim:
+    """A Produce request's topics, read whole: ``topics`` holds, per topic in frame order,
+    its name (raw UTF-8, ``b""`` when empty or null) or 16-byte topic id (v13+), the offset
+    just past those bytes in the buffer skimmed, and ``(partition, bytes of records)`` per
+    partition (-1 for null records)."""
+
+    transactional_id: bytes | None  # raw, when non-empty (v3+)
+    topics: list[tuple[bytes, int, list[tuple[int, int]]]]
+
+
+def skim_produce_request(buf: bytes, pos: int, end: int,
+                         version: int) -> ProduceRequestSkim | None:
+    """Skim the Produce request frame in ``buf[pos:end]`` (``pos`` just after its size
+    prefix, request header included). None where it is anything but plain (a null array, a
+    structure that does not fit the frame, a field that does not parse): the walks then
+    decide what it is, as for a frame read in pieces. What it gives is what those walks give
+    (``tests/unit/protocol/test_skim_produce.py``)."""
+    flexible = version >= 9
+    try:
+        pos += 8  # api_key, api_version, correlation_id
+        pos += 2 + max(INT16.unpack_from(buf, pos)[0], 0)  # client_id (nullable, classic)
+        if flexible:
+            pos = skip_tagged_fields(buf, pos)  # request header v2
+        transactional_id = None
+        if version >= 3:
+            if flexible:
+                size, pos = read_uvarint(buf, pos)
+                size -= 1
+            else:
+                size = INT16.unpack_from(buf, pos)[0]
+                pos += 2
+            if size > 0:
+                transactional_id = buf[pos:pos + size]
+                pos += size
+        pos += 6  # acks, timeout_ms
+        n_topics, pos = _array_len(buf, pos, flexible)
+        if n_topics < 0:
+            return None
+        topics: list[tuple[bytes, int, list[tuple[int, int]]]] = []
+        for _ in range(n_topics):
+            if version >= 13:
+                name = buf[pos:pos + 16]
+                pos += 16
+            else:
+                if flexible:
+                    size, pos = read_uvarint(buf, pos)
+                    size -= 1
+                else:
+                    size = INT16.unpack_from(buf, pos)[0]
+                    pos += 2
+                name = b""
+                if size > 0:
+                    name = buf[pos:pos + size]
+                    pos += size
+            at = pos
+            n_parts, pos = _array_len(buf, pos, flexible)
+            if n_parts < 0:
+                return None
+            parts = []
+            for _ in range(n_parts):
+                index = INT32.unpack_from(buf, pos)[0]
+                if flexible:
+                    size, pos = read_uvarint(buf, pos + 4)
+                    size -= 1
+                else:
+                    size = INT32.unpack_from(buf, pos + 4)[0]
+                    pos += 8
+                if size > 0:
+                    pos += size
+                    if pos > end:
+                        return None
+                parts.append((index, size))
+                if flexible:
+                    pos = skip_tagged_fields(buf, pos)
+            if flexible:
+                pos = skip_tagged_fields(buf, pos)
+            topics.append((name, at, parts))
+        if flexible:
+            pos = skip_tagged_fields(buf, pos)
+    except (IndexError, ValueError, struct.error):
+        return None
+    if pos > end:
+        return None
+    return ProduceRequestSkim(transactional_id, topics)
 
 
 def produce_response_layout(buf: bytes | memoryview, pos: int, version: int) -> Layout:

@@ -34,6 +34,7 @@ from kafka_quota_proxy.protocol.incremental import (
     _skip_tagged_fields,
     _uvarint,
 )
+from kafka_quota_proxy.protocol.skim import ProduceRequestSkim
 from kafka_quota_proxy.protocol.topic_fields import TopicArray, TopicRef, encode, error_result
 
 PRODUCE = 0
@@ -115,14 +116,22 @@ class ProduceTopics:
     ``failed``: the frame does not parse (the connection must close: what comes after cannot
     be checked)."""
 
-    __slots__ = ("error_code", "failed", "refused", "spoil", "walker")
+    __slots__ = ("_topics", "_version", "_walker", "error_code", "failed", "refused", "spoil")
 
     def __init__(self, version: int, topics: RefusedTopics) -> None:
         self.spoil: list[int] = []
         self.refused: list[tuple[str | None, uuid.UUID | None, list[int]]] = []
         self.failed = False
         self.error_code = TOPIC_AUTHORIZATION_FAILED
-        self.walker = Walker(self._walk(version, topics))
+        self._version = version
+        self._topics = topics
+        self._walker: Walker | None = None  # (made at the first ``feed``: see ``skimmed``)
+
+    @property
+    def walker(self) -> Walker:
+        if self._walker is None:
+            self._walker = Walker(self._walk(self._version, self._topics))
+        return self._walker
 
     def feed(self, buf: bytes | memoryview, start: int, end: int) -> None:
         if self.failed or self.walker.done:
@@ -131,6 +140,26 @@ class ProduceTopics:
             self.walker.feed(buf, start, end)
         except ValueError:
             self.failed = True
+
+    def skimmed(self, skim: ProduceRequestSkim) -> None:
+        """The whole frame, skimmed (``skim_produce_request``): what feeding it would find,
+        without the walk. Only before any ``feed``."""
+        assert self._walker is None
+        topics = self._topics
+        every = False
+        if skim.transactional_id is not None and topics.refuses_transaction(
+                skim.transactional_id):
+            every = True
+            self.error_code = TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        by_id = self._version >= 13
+        for raw, at, parts in skim.topics:
+            if not raw:
+                continue
+            if every or (topics.refuses_id(raw) if by_id else topics.refuses_name(raw)):
+                self.spoil.append(at - 1)
+                self.refused.append((None, uuid.UUID(bytes=raw), [p for p, _ in parts])
+                                    if by_id else (raw.decode(), None, [p for p, _ in parts]))
+        self._walker = _DONE
 
     @property
     def done(self) -> bool:
@@ -184,6 +213,13 @@ class ProduceTopics:
                 yield from _skip_tagged_fields()
         if flexible:
             yield from _skip_tagged_fields()
+
+
+def _nothing() -> Generator[int, bytes | None, None]:
+    yield from ()
+
+
+_DONE = Walker(_nothing())  # (a walk that is over: a frame skimmed whole)
 
 
 def _spoiled_name(name: str) -> str:

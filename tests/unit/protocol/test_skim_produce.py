@@ -1,0 +1,148 @@
+"""A Produce request read whole is skimmed once (``skim_produce_request``) for every follower
+instead of being walked field by field: what the skim gives is exactly what the walks give
+(the partitions the capture measures, the topics the guard refuses and where it spoils them),
+for well-formed frames of every version and for any damage a client may do to one. Where the
+skim cannot tell, it says so (None) and the walks decide, as for a frame read in pieces."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kio.index import load_request_schema
+
+from kafka_quota_proxy.protocol.correlation import CorrelationTable
+from kafka_quota_proxy.protocol.headers import encode_request_header
+from kafka_quota_proxy.protocol.incremental import Walker, produce_request_walk
+from kafka_quota_proxy.protocol.skim import skim_produce_request
+from kafka_quota_proxy.protocol.topic_fields import encode
+from kafka_quota_proxy.protocol.topic_guard import ProduceTopics
+from testkit.frames import frame
+from testkit.request_reader import reading_stream
+
+VERSIONS = list(range(3, 14))
+REFUSED_NAME = "__kafka_quota_proxy_quotas"
+REFUSED_ID = uuid.UUID(int=0xABCDEF)
+REFUSED_TXN = "forbidden-txn"
+
+
+class Refusing:
+    """(``RefusedTopics``) One name, one id and one transactional id refused."""
+
+    def refuses_name(self, raw: bytes) -> bool:
+        return raw == REFUSED_NAME.encode()
+
+    def refuses_id(self, raw: bytes) -> bool:
+        return raw == REFUSED_ID.bytes
+
+    def refuses_transaction(self, raw: bytes) -> bool:
+        return raw == REFUSED_TXN.encode()
+
+
+def _produce(version: int, topics: list[tuple[str | uuid.UUID, list[bytes | None]]],
+             transactional_id: str | None = None) -> bytes:
+    m = __import__(load_request_schema(0, version).__module__, fromlist=["_"])
+    key = "name" if version < 13 else "topic_id"
+    data = tuple(m.TopicProduceData(**{key: t}, partition_data=tuple(
+        m.PartitionProduceData(index=7 * i + 1, records=r) for i, r in enumerate(parts)))
+        for t, parts in topics)
+    value = m.ProduceRequest(transactional_id=transactional_id, acks=1,
+                             timeout=timedelta(seconds=5), topic_data=data)
+    return frame(encode_request_header(0, version, 3, "p") + encode(value))
+
+
+def _walked(buf: bytes, end: int, version: int) -> tuple[Any, Any]:
+    """What the walks find in ``buf[4:end]``: (the partitions measured or None where the walk
+    did not finish, the guard's findings or None where it failed or did not finish)."""
+    parts: list[Any] = []
+    walker = Walker(produce_request_walk(version, parts))
+    try:
+        walker.feed(buf, 4, end)
+        measured = parts if walker.done else None
+    except ValueError:
+        measured = None
+    guard = ProduceTopics(version, Refusing())
+    guard.feed(buf, 4, end)
+    found = (None if guard.failed or not guard.done
+             else (guard.refused, guard.spoil, guard.error_code))
+    return measured, found
+
+
+def _skimmed(buf: bytes, end: int, version: int) -> tuple[Any, Any] | None:
+    skim = skim_produce_request(buf, 4, end, version)
+    if skim is None:
+        return None
+    measured = [(name if version >= 13 else name.decode("utf-8", "replace"), index,
+                 max(size, 0)) for name, _, parts in skim.topics for index, size in parts]
+    guard = ProduceTopics(version, Refusing())
+    guard.skimmed(skim)
+    assert guard.done and not guard.failed
+    return measured, (guard.refused, guard.spoil, guard.error_code)
+
+
+def _topics(version: int) -> Any:
+    name = (st.sampled_from([REFUSED_NAME, "orders", "", "ü-topic"]) if version < 13
+            else st.sampled_from([REFUSED_ID, uuid.UUID(int=5), uuid.UUID(int=0)]))
+    records = st.one_of(st.none(), st.binary(max_size=300))
+    return st.lists(st.tuples(name, st.lists(records, max_size=4)), max_size=4)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_a_skim_finds_what_the_walks_find(version: int, data: Any) -> None:
+    topics = data.draw(_topics(version))
+    txn = data.draw(st.sampled_from([None, "", "a-txn", REFUSED_TXN]))
+    buf = _produce(version, topics, txn)
+    trailing = data.draw(st.binary(max_size=20))  # (the next frame's bytes, in the same read)
+    skimmed = _skimmed(buf + trailing, len(buf), version)
+    assert skimmed is not None
+    assert skimmed == _walked(buf, len(buf), version)
+    measured, (refused, _, _) = skimmed
+    assert len(measured) == sum(len(parts) for _, parts in topics)
+    assert bool(refused) == any(t in (REFUSED_NAME, REFUSED_ID) or (txn == REFUSED_TXN and t)
+                                for t, _ in topics)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_a_damaged_frame_is_skimmed_as_walked_or_left_to_the_walks(version: int,
+                                                                  data: Any) -> None:
+    """Bytes changed, cut or added by a hostile client: the skim gives what the walks give,
+    or nothing; never a finding the walks would not make (and never reads past the frame:
+    the bytes after it belong to the next one)."""
+    topics = data.draw(_topics(version))
+    buf = bytearray(_produce(version, topics, data.draw(st.sampled_from([None, "t"]))))
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(4, len(buf) - 1))
+        buf[at] = data.draw(st.sampled_from([0x00, 0x01, 0x7F, 0x80, 0xFF, buf[at] ^ 0x40]))
+    end = data.draw(st.integers(4, len(buf)))
+    after = bytes(buf) + data.draw(st.binary(max_size=40))
+    skimmed = _skimmed(after, end, version)
+    if skimmed is not None:
+        assert skimmed == _walked(bytes(buf[:end]), end, version)
+
+
+def test_a_frame_read_whole_is_skimmed_and_one_read_in_pieces_is_walked() -> None:
+    """Through the request stream: the whole frame's guard never walks; the same frame in
+    two reads is walked; both find the same."""
+    original = _produce(9, [("orders", [b"x" * 500]), (REFUSED_NAME, [b"y" * 10, None])])
+    results = []
+    for cut in (len(original), 50):
+        stream = reading_stream(CorrelationTable(), measure_produce=True,
+                                watch_produce=lambda version: ProduceTopics(version, Refusing()))
+        forward = bytes(stream.feed(original[:cut])[0]) + bytes(stream.feed(original[cut:])[0])
+        [(_, watch)] = stream.watched
+        assert (watch.walker.at == 0) == (cut == len(original))  # (at: where a walk read)
+        results.append((forward, [e.partitions for e in stream.measured],
+                        watch.refused, watch.error_code))
+    assert results[0] == results[1]
+    forward, measured, refused, _ = results[0]
+    assert measured == [[("orders", 1, 500), (REFUSED_NAME, 1, 10), (REFUSED_NAME, 8, 0)]]
+    assert refused == [(REFUSED_NAME, None, [1, 8])]
+    assert REFUSED_NAME.encode() not in forward  # (spoiled on its way upstream)
