@@ -132,6 +132,9 @@ class ProxiedConnection(asyncio.BufferedProtocol):
         self._response_holds: set[str] = set()  # ``hold_responses`` before the upstream was made
         self._connect_task: asyncio.Task[None] | None = None
         self._max_in_flight = net.max_in_flight_requests
+        # The next request must wait for a response ("serial" in ``_read_on``), and nothing of
+        # it has arrived yet: reading pauses when something does (``_read_requests``)
+        self._serial_due = False
         # For the proxy's sweep (``Proxy._sweep``): when bytes last went either way, and
         # when the frame in progress from the client began (None: between frames).
         self.last_active = _clock()
@@ -353,6 +356,13 @@ class ProxiedConnection(asyncio.BufferedProtocol):
             self._handle_requests(forward, events)
             return
         was_mid = requests.mid_frame
+        if self._serial_due and data:
+            # the next request, read before a response made room for it: it waits, unread,
+            # as it would have in the socket had reading paused at once (``_read_on``)
+            self._serial_due = False
+            requests.hold(data)
+            self.client_gate.pause("serial")
+            return
         while not self.closed:
             serial = self._serial(data)
             if serial is None:  # held back by a filter
@@ -458,7 +468,15 @@ class ProxiedConnection(asyncio.BufferedProtocol):
                 self.client_gate.pause("serial")
                 return False
         if not self._may_read_next():  # wait for responses before reading more
-            self.client_gate.pause("serial")
+            if requests.held or self._interceptor is not None:
+                # (an intercepting filter reads what comes next itself: it waits in the socket)
+                self.client_gate.pause("serial")
+            else:
+                # Nothing of the next request is here yet: reading pauses only when it comes.
+                # A client that waits for its response before sending more (one request in
+                # flight, or the last of a batch) then costs no pause and resume of reading
+                # (two system calls and their Python per request).
+                self._serial_due = True
             return False
         # (paused: the held bytes wait for the throttle or the backpressure to end)
         return requests.held and not self.client_gate.paused
@@ -779,7 +797,9 @@ class ProxiedConnection(asyncio.BufferedProtocol):
                 stats.observe_latency(key, now - entry.forwarded_at)
                 for hook in done_hooks:
                     hook(entry)
-            if self.client_gate.has("serial") and self._may_read_next():
+            if self._serial_due and self._may_read_next():
+                self._serial_due = False  # (nothing came meanwhile: reading never paused)
+            elif self.client_gate.has("serial") and self._may_read_next():
                 self.client_gate.resume("serial")  # reads held requests unless still muted
             if not self.table:
                 if self._refusing is not None:  # what came before the refused one answered

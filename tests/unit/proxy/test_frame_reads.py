@@ -54,13 +54,45 @@ async def test_reads_inside_a_frame_ask_nothing_and_go_on_as_read() -> None:
 async def test_the_read_that_ends_a_frame_still_stops_a_one_at_a_time_client() -> None:
     asked: list[int] = []
     h = await DrivenConnection.open([partial(_OneAtATime, asked=asked)])
-    first = _produce(1)
+    first, second = _produce(1), _produce(2, 500)
     h.client_sends(first[:10_000])
     assert h.client.reading
     h.client_sends(first[10_000:])  # ends the frame exactly: its request is in flight
+    assert h.upstream_got() == first
+    h.client_sends(second[:100])  # the next request's first bytes: held, and reading pauses
     assert h.upstream_got() == first
     assert not h.client.reading  # no headroom: the client is read no further
     h.upstream_sends(response_frame(0, 7, 1, bytes(20)))
     await h.settle()
     assert h.client.reading  # until the response
+    assert h.upstream_got() == first + second[:100]
+    h.client_sends(second[100:])
+    assert h.upstream_got() == first + second
+    assert h.closed_reason is None
+
+
+async def test_a_client_that_waits_for_its_response_is_never_paused() -> None:
+    """One request in flight at a time, as a client with ``max.in.flight`` 1 or at the end of
+    its batch sends them: the reading never pauses (no pause and resume per request), and
+    each request still goes upstream only after the response to the one before."""
+    asked: list[int] = []
+    h = await DrivenConnection.open([partial(_OneAtATime, asked=asked)])
+    paused: list[bool] = []
+    pause = h.client.pause_reading
+
+    def counting() -> None:
+        paused.append(True)
+        pause()
+
+    h.client.pause_reading = counting  # type: ignore[method-assign]
+    sent = b""
+    for correlation_id in range(1, 6):
+        request = _produce(correlation_id, 300)
+        h.client_sends(request)
+        sent += request
+        assert h.upstream_got() == sent
+        h.upstream_sends(response_frame(0, 7, correlation_id, bytes(20)))
+        await h.settle()
+        assert h.client.reading
+    assert paused == []
     assert h.closed_reason is None
