@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import resource
 import signal
 import ssl
@@ -245,6 +246,7 @@ class Proxy:
             self.spawn_past_drain(self.topics.run())
         if self.config_path is not None and self.config.quotas.watch_seconds > 0:
             self.spawn(self.reloads.watch())
+        settle_heap()
         log.info(
             "proxy_started",
             bootstrap=str(self.config.listeners.bootstrap),
@@ -438,6 +440,17 @@ def as_worker(config: ProxyConfig) -> ProxyConfig:
     supervisor serves ``metrics.listen``, scraping each worker's)."""
     metrics = config.metrics.model_copy(update={"listen": HostPort("127.0.0.1", 0)})
     return config.model_copy(update={"metrics": metrics})
+
+
+def settle_heap() -> None:
+    """Once started: what starting left behind is collected, and every object alive then
+    (modules, schemas, config: a few hundred thousand) is moved out of the garbage
+    collector's sight (``gc.freeze``). Its full collections, which the requests' own
+    objects set off every few seconds under load (a capture's rows waiting for the writer),
+    then go over what serving made instead of over all of it: a few ms instead of 30-70 ms
+    of the event loop stopped, which every request waiting on it paid in its latency."""
+    gc.collect()
+    gc.freeze()
 
 
 async def run_proxy(config: ProxyConfig, stop: asyncio.Event,

@@ -210,6 +210,10 @@ class Capture:
         self.seq = 0
         self.records = 0
         self.dropped = 0
+        # pyarrow's first conversion of a Python list imports pandas where it is installed
+        # (0.3-0.4 s): here, as the capture starts, not in the writer thread while the event
+        # loop serves (it holds the interpreter then, and every request waits on it)
+        pa.array([0], type=pa.int64())
         self.writer.start()
 
     def record(self, row: tuple[Any, ...]) -> None:
