@@ -57,6 +57,7 @@ _clock = time.monotonic
 # The first bytes of a TLS ClientHello (a record of type handshake, TLS 1.0-1.3)
 _TLS_HELLO = frozenset(bytes((0x16, 3, minor)) for minor in range(5))
 FINISH_LINGER_S = 1.0  # draining: how long to wait for the client to close after our FIN
+EAGER_SERIAL_REQUESTS = 16  # (``ProxiedConnection._eager_serial``)
 CLOSE_LINGER_S = 10.0  # how long a closed connection's unsent bytes wait for a slow client
 # How long the requests before a refused one may take to be answered (``refuse``): what a
 # broker answers at once (a long poll past this is cut short: the client asked for what is
@@ -135,6 +136,10 @@ class ProxiedConnection(asyncio.BufferedProtocol):
         # The next request must wait for a response ("serial" in ``_read_on``), and nothing of
         # it has arrived yet: reading pauses when something does (``_read_requests``)
         self._serial_due = False
+        # A client seen sending its next request before the response: reading pauses at once
+        # for this many more requests (its next bytes wait in the socket, and it costs no
+        # wake-up to hold them), then the lazy pause is tried again.
+        self._eager_serial = 0
         # For the proxy's sweep (``Proxy._sweep``): when bytes last went either way, and
         # when the frame in progress from the client began (None: between frames).
         self.last_active = _clock()
@@ -360,6 +365,7 @@ class ProxiedConnection(asyncio.BufferedProtocol):
             # the next request, read before a response made room for it: it waits, unread,
             # as it would have in the socket had reading paused at once (``_read_on``)
             self._serial_due = False
+            self._eager_serial = EAGER_SERIAL_REQUESTS
             requests.hold(data)
             self.client_gate.pause("serial")
             return
@@ -468,14 +474,18 @@ class ProxiedConnection(asyncio.BufferedProtocol):
                 self.client_gate.pause("serial")
                 return False
         if not self._may_read_next():  # wait for responses before reading more
-            if requests.held or self._interceptor is not None:
+            if requests.held or self._interceptor is not None or self._eager_serial:
                 # (an intercepting filter reads what comes next itself: it waits in the socket)
+                if self._eager_serial:
+                    self._eager_serial -= 1
                 self.client_gate.pause("serial")
             else:
                 # Nothing of the next request is here yet: reading pauses only when it comes.
                 # A client that waits for its response before sending more (one request in
                 # flight, or the last of a batch) then costs no pause and resume of reading
-                # (two system calls and their Python per request).
+                # (two system calls and their Python per request). One that sends ahead
+                # would cost a wake-up to hold its next bytes instead: it is paused at once
+                # for a while (``_eager_serial``).
                 self._serial_due = True
             return False
         # (paused: the held bytes wait for the throttle or the backpressure to end)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 from functools import partial
 
+from kafka_quota_proxy.proxy.connection import EAGER_SERIAL_REQUESTS
 from kafka_quota_proxy.proxy.filters.base import Filter, FilterHost
 from testkit.connection import DrivenConnection
 from testkit.frames import produce_body_prefix, request_frame, response_frame
@@ -95,4 +96,31 @@ async def test_a_client_that_waits_for_its_response_is_never_paused() -> None:
         await h.settle()
         assert h.client.reading
     assert paused == []
+    assert h.closed_reason is None
+
+
+async def test_a_client_that_sends_ahead_is_paused_at_once_for_a_while() -> None:
+    """Once a client's next request came before the response, its reading pauses as soon as
+    a request is read (its next bytes wait in the socket: no wake-up to hold them) for the
+    next ``EAGER_SERIAL_REQUESTS`` requests; then the pause waits for the bytes again."""
+    asked: list[int] = []
+    h = await DrivenConnection.open([partial(_OneAtATime, asked=asked)])
+    h.client_sends(_produce(1, 300))
+    assert h.client.reading  # (lazy: nothing of the next one yet)
+    h.client_sends(_produce(2, 300))  # sent ahead: held, and reading pauses
+    assert not h.client.reading and h.upstream_got() == _produce(1, 300)
+    paused_at_once = []
+    for correlation_id in range(1, EAGER_SERIAL_REQUESTS + 4):
+        h.upstream_sends(response_frame(0, 7, correlation_id, bytes(20)))
+        await h.settle()  # the next request goes upstream
+        assert h.upstream_got().endswith(_produce(correlation_id + 1, 300))
+        paused_at_once.append(not h.client.reading)
+        # the client has its next request ready: read now if reading, else when it resumes
+        # (the held one went on at the response: what waits is in the socket)
+        if h.client.reading:
+            h.client_sends(_produce(correlation_id + 2, 300))  # ahead again: held, paused
+            assert not h.client.reading
+        else:
+            h.conn.requests.hold(_produce(correlation_id + 2, 300))  # (in the socket)
+    assert paused_at_once == [True] * EAGER_SERIAL_REQUESTS + [False] + [True] * 2
     assert h.closed_reason is None
