@@ -448,7 +448,7 @@ class RequestStream:
             self._watch_start = pos + 4
             if skim is not None:
                 watch.skimmed(skim)
-                if watch.refused:
+                if watch.refused or watch.failed:
                     self._watched(entry, watch)
             else:
                 self._watching = (entry, watch)

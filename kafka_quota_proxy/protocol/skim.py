@@ -89,7 +89,7 @@ def skim_produce_request(buf: bytes, pos: int, end: int,
                 size = INT16.unpack_from(buf, pos)[0]
                 pos += 2
             if size > 0:
-                transactional_id = buf[pos:pos + size]
+                transactional_id = bytes(buf[pos:pos + size])
                 pos += size
         pos += 6  # acks, timeout_ms
         n_topics, pos = _array_len(buf, pos, flexible)
@@ -98,7 +98,7 @@ def skim_produce_request(buf: bytes, pos: int, end: int,
         topics: list[tuple[bytes, int, list[tuple[int, int]]]] = []
         for _ in range(n_topics):
             if version >= 13:
-                name = buf[pos:pos + 16]
+                name = bytes(buf[pos:pos + 16])
                 pos += 16
             else:
                 if flexible:
@@ -109,7 +109,7 @@ def skim_produce_request(buf: bytes, pos: int, end: int,
                     pos += 2
                 name = b""
                 if size > 0:
-                    name = buf[pos:pos + size]
+                    name = bytes(buf[pos:pos + size])
                     pos += size
             at = pos
             n_parts, pos = _array_len(buf, pos, flexible)

@@ -151,15 +151,22 @@ class ProduceTopics:
                 skim.transactional_id):
             every = True
             self.error_code = TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        self._walker = _DONE
         by_id = self._version >= 13
         for raw, at, parts in skim.topics:
             if not raw:
                 continue
             if every or (topics.refuses_id(raw) if by_id else topics.refuses_name(raw)):
                 self.spoil.append(at - 1)
-                self.refused.append((None, uuid.UUID(bytes=raw), [p for p, _ in parts])
-                                    if by_id else (raw.decode(), None, [p for p, _ in parts]))
-        self._walker = _DONE
+                if by_id:
+                    self.refused.append((None, uuid.UUID(bytes=raw), [p for p, _ in parts]))
+                    continue
+                try:
+                    name = raw.decode()
+                except UnicodeDecodeError:  # (as the walk: the frame does not parse)
+                    self.failed = True
+                    return
+                self.refused.append((name, None, [p for p, _ in parts]))
 
     @property
     def done(self) -> bool:

@@ -80,8 +80,8 @@ def _skimmed(buf: bytes, end: int, version: int) -> tuple[Any, Any] | None:
                  max(size, 0)) for name, _, parts in skim.topics for index, size in parts]
     guard = ProduceTopics(version, Refusing())
     guard.skimmed(skim)
-    assert guard.done and not guard.failed
-    return measured, (guard.refused, guard.spoil, guard.error_code)
+    assert guard.done
+    return measured, None if guard.failed else (guard.refused, guard.spoil, guard.error_code)
 
 
 def _topics(version: int) -> Any:
@@ -146,3 +146,19 @@ def test_a_frame_read_whole_is_skimmed_and_one_read_in_pieces_is_walked() -> Non
     assert measured == [[("orders", 1, 500), (REFUSED_NAME, 1, 10), (REFUSED_NAME, 8, 0)]]
     assert refused == [(REFUSED_NAME, None, [1, 8])]
     assert REFUSED_NAME.encode() not in forward  # (spoiled on its way upstream)
+
+
+@pytest.mark.parametrize("version", [3, 9, 12])
+def test_a_refused_name_that_is_not_utf8_fails_the_frame_as_the_walk_does(version: int) -> None:
+    """Every topic of a refused transaction is refused by name: one whose name is not UTF-8
+    fails the frame (it is refused and the connection closes), skimmed or walked."""
+    buf = bytearray(_produce(version, [("orders", [b"x"]), ("bad-name", [b"y"])], REFUSED_TXN))
+    buf[buf.index(b"bad-name")] = 0xFF
+    skimmed = _skimmed(bytes(buf), len(buf), version)
+    assert skimmed is not None and skimmed[1] is None  # (failed)
+    assert skimmed == _walked(bytes(buf), len(buf), version)
+    stream = reading_stream(CorrelationTable(), measure_produce=True,
+                            watch_produce=lambda v: ProduceTopics(v, Refusing()))
+    stream.feed(bytes(buf))
+    [(_, watch)] = stream.watched
+    assert watch.failed
