@@ -40,12 +40,26 @@ def _array_len(buf: bytes | memoryview, pos: int, flexible: bool) -> tuple[int, 
     return n, pos
 
 
-def _skip_string(buf: bytes | memoryview, pos: int, flexible: bool) -> int:
+def _string_size(buf: bytes | memoryview, pos: int, flexible: bool) -> tuple[int, int]:
+    """A (nullable) string's length, -1 for null, and where its bytes start."""
     if flexible:
         n, pos = read_uvarint(buf, pos)
-        return pos + max(n - 1, 0)
+        return n - 1, pos
     size: int = INT16.unpack_from(buf, pos)[0]
-    return pos + 2 + max(size, 0)
+    return size, pos + 2
+
+
+def _skip_string(buf: bytes | memoryview, pos: int, flexible: bool) -> int:
+    size, pos = _string_size(buf, pos, flexible)
+    return pos + max(size, 0)
+
+
+def _read_string(buf: bytes, pos: int, flexible: bool) -> tuple[bytes, int]:
+    """A (nullable) string's raw bytes (``b""`` when empty or null), and the offset past it."""
+    size, pos = _string_size(buf, pos, flexible)
+    if size <= 0:
+        return b"", pos
+    return bytes(buf[pos:pos + size]), pos + size
 
 
 def _skip_bytes(buf: bytes | memoryview, pos: int, flexible: bool) -> int:
@@ -82,15 +96,8 @@ def skim_produce_request(buf: bytes, pos: int, end: int,
             pos = skip_tagged_fields(buf, pos)  # request header v2
         transactional_id = None
         if version >= 3:
-            if flexible:
-                size, pos = read_uvarint(buf, pos)
-                size -= 1
-            else:
-                size = INT16.unpack_from(buf, pos)[0]
-                pos += 2
-            if size > 0:
-                transactional_id = bytes(buf[pos:pos + size])
-                pos += size
+            raw, pos = _read_string(buf, pos, flexible)
+            transactional_id = raw or None
         pos += 6  # acks, timeout_ms
         n_topics, pos = _array_len(buf, pos, flexible)
         if n_topics < 0:
@@ -101,16 +108,7 @@ def skim_produce_request(buf: bytes, pos: int, end: int,
                 name = bytes(buf[pos:pos + 16])
                 pos += 16
             else:
-                if flexible:
-                    size, pos = read_uvarint(buf, pos)
-                    size -= 1
-                else:
-                    size = INT16.unpack_from(buf, pos)[0]
-                    pos += 2
-                name = b""
-                if size > 0:
-                    name = bytes(buf[pos:pos + size])
-                    pos += size
+                name, pos = _read_string(buf, pos, flexible)
             at = pos
             n_parts, pos = _array_len(buf, pos, flexible)
             if n_parts < 0:
