@@ -71,7 +71,7 @@ def _storm_connection(port: int, frames: bytes, acked: list[tuple[float, int]],
         sent = 0
         try:
             while sent < len(frames):
-                sent += sock.send(frames[sent:sent + 1 << 20])
+                sent += sock.send(frames[sent:sent + (1 << 20)])
         except BlockingIOError:
             pass
         sock.settimeout(1.0)
@@ -116,26 +116,37 @@ def test_a_reconnect_storm_of_first_writes_is_held_to_the_quota(tansu: TansuBrok
                 break
             _storm_connection(port, frames, acked, start)
             connections += 1
+        end = time.monotonic() - start
         held = proxy.metrics().get("kafka_proxy_quota_held_first_requests_total", 0)
     finally:
         proxy.stop()
     assert acked, "no produce request was acknowledged"
+    low, high = _watermarks(tansu.bootstrap, topic)
+    written = (high - low) * RECORD
+    # What the storm got is what the broker wrote, not what the client saw acknowledged: a
+    # connection the client gave up on (after a second of silence) is still held, its first
+    # requests unread in the sockets behind the bytes the client could not send, so its close
+    # cannot be seen; when the budget is back within its quota, the first held connection to
+    # ask again may be such a one, and its requests go to the broker (as a Kafka broker reads a
+    # muted connection's requests when it unmutes it) and are charged, their answers lost with
+    # their client. (A fresh-clone CI run once saw only the first burst acknowledged in 24 s
+    # while the burst 11 s later went to an abandoned connection.)
+    #
     # Measured from the first acknowledgement, not from the first connection: the budget's
     # burst allowance runs from its first recorded bytes. Kafka's sampled rate lets a budget
     # that took a window's worth at once (10 s of quota) take another as soon as those
-    # samples expire, 11 s later: the storm is served in bursts ~11 s apart, and a window of
-    # any length T holds at most T + 11 s of quota (a settled window of 13 s once held
-    # two bursts: 1.53 of the quota measured over 13 s, 0.9 over the cycle).
-    first = acked[0][0]
-    served = sum(n for t, n in acked if t < first + SECONDS)
-    bound = QUOTA * (SECONDS + SETTLED)
-    print(f"\nstorm: {connections} connections, {len(acked)} produce requests acknowledged "
-          f"(the first after {first:.2f} s), {served / bound:.2f} of the bound over "
-          f"{SECONDS:g} s ({served / SECONDS / QUOTA:.2f} of the quota), first requests held "
-          f"{held}; acknowledged per second after the first: {_per_second(acked, first)}")
+    # samples expire, 11 s later: the storm is served in bursts ~11 s apart, and a span of
+    # any length T holds at most T + 11 s of quota.
+    span = end - acked[0][0]
+    bound = QUOTA * (span + SETTLED)
+    print(f"\nstorm: {connections} connections, {high - low} produce requests written "
+          f"({written / bound:.2f} of the bound over {span:.1f} s, "
+          f"{written / span / QUOTA:.2f} of the quota), {len(acked)} acknowledged (the first "
+          f"after {acked[0][0]:.2f} s), first requests held {held}; acknowledged per second "
+          f"after the first: {_per_second(acked, acked[0][0])}")
     assert held > 0  # the storm's new connections met a budget over its quota
-    assert served <= 1.1 * bound
-    assert served >= 0.5 * QUOTA * SECONDS  # and the producer is served, not starved
+    assert written <= 1.1 * bound
+    assert written >= 0.5 * QUOTA * span  # and the producer is served, not starved
 
 
 def _per_second(acked: list[tuple[float, int]], first: float) -> list[int]:
@@ -154,7 +165,7 @@ def _send_and_leave(port: int, frames: bytes) -> None:
         sent = 0
         try:
             while sent < len(frames):
-                sent += sock.send(frames[sent:sent + 1 << 20])
+                sent += sock.send(frames[sent:sent + (1 << 20)])
         except OSError:  # (the kernel's buffers full, or the proxy gone)
             pass
 
