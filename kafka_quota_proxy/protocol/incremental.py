@@ -170,6 +170,19 @@ def produce_request_walk(version: int, parts: PartitionBytes) -> Walk:
         yield from _skip_tagged_fields()
 
 
+
+def produce_tail_walk(records: int, flexible: bool) -> Walk:
+    """What a Produce request walk (``produce_request_walk``, the topic guard's) does from
+    the start of the frame's last partition's records to the frame's end: past the records,
+    then the partition's, the topic's and the request's tagged fields (flexible versions).
+    A frame skimmed before all of it arrived (``skim.skim_produce_prefix``) is followed from
+    there by this walk alone."""
+    yield from _skip(records)
+    if flexible:
+        yield from _skip_tagged_fields()  # the partition's
+        yield from _skip_tagged_fields()  # the topic's
+        yield from _skip_tagged_fields()  # the request's
+
 class Walker:
     """Drives a walk over chunks; ``feed`` says how far the walk consumed a chunk."""
 

@@ -23,9 +23,14 @@ from kafka_quota_proxy.protocol.headers import (
     parse_request_header,
     produce_acks,
 )
-from kafka_quota_proxy.protocol.incremental import PartitionBytes, Walker, produce_request_walk
+from kafka_quota_proxy.protocol.incremental import (
+    PartitionBytes,
+    Walker,
+    produce_request_walk,
+    produce_tail_walk,
+)
 from kafka_quota_proxy.protocol.primitives import INT32
-from kafka_quota_proxy.protocol.skim import skim_produce_request
+from kafka_quota_proxy.protocol.skim import skim_produce_prefix, skim_produce_request
 from kafka_quota_proxy.protocol.topic_guard import SPOILED
 
 # The most a legal request header (plus Produce's transactional_id and acks) can take: two
@@ -427,17 +432,31 @@ class RequestStream:
         if api_key != _PRODUCE:
             return
         measure = self._measure and api_version >= 3
-        skim = None
-        if not more and (measure or self._watch is not None):
-            # read whole: one straight pass for every follower (None: the walks decide)
-            skim = skim_produce_request(data, pos + 4, end, api_version)
+        skim = prefix = None
+        if measure or self._watch is not None:
+            # one straight pass for every follower (None: the walks decide): read whole, or
+            # all but its last records (a large request's first read), then only its tail
+            # is walked
+            if not more:
+                skim = skim_produce_request(data, pos + 4, end, api_version)
+            else:
+                prefix = skim_produce_prefix(data, pos + 4, n, end, api_version)
+                if prefix is not None:
+                    skim = prefix.skim
         if measure:
             if skim is not None:
-                entry.partitions = [
+                partitions: PartitionBytes = [
                     (name if api_version >= 13 else name.decode("utf-8", "replace"), index,
                      size if size > 0 else 0)
                     for name, _, parts in skim.topics for index, size in parts]
-                self._events.append(ProduceMeasured(entry))
+                if prefix is None:
+                    entry.partitions = partitions
+                    self._events.append(ProduceMeasured(entry))
+                else:  # (measured, as a walk, once the frame has passed whole)
+                    self._measuring = (
+                        entry, Walker(produce_tail_walk(prefix.records, api_version >= 9)),
+                        partitions)
+                    self._measure_more(data, limit, prefix.records_at, more)
             else:
                 parts: PartitionBytes = []
                 self._measuring = (entry, Walker(produce_request_walk(api_version, parts)),
@@ -446,7 +465,11 @@ class RequestStream:
         if self._watch is not None:
             watch = self._watch(api_version)
             self._watch_start = pos + 4
-            if skim is not None:
+            if prefix is not None:
+                watch.skimmed(prefix.skim, produce_tail_walk(prefix.records, api_version >= 9))
+                self._watching = (entry, watch)
+                self._watch_more(data, limit, prefix.records_at, more)
+            elif skim is not None:
                 watch.skimmed(skim)
                 if watch.refused or watch.failed:
                     self._watched(entry, watch)

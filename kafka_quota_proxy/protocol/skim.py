@@ -88,6 +88,40 @@ def skim_produce_request(buf: bytes, pos: int, end: int,
     structure that does not fit the frame, a field that does not parse): the walks then
     decide what it is, as for a frame read in pieces. What it gives is what those walks give
     (``tests/unit/protocol/test_skim_produce.py``)."""
+    found = _skim_produce(buf, pos, end, end, version)
+    return None if found is None else found[0]
+
+
+@dataclass(frozen=True, slots=True)
+class ProducePrefix:
+    """A Produce request skimmed before all of it arrived (``skim_produce_prefix``): every
+    topic and partition (the last partition's records still arriving), and where in the
+    buffer those records start and how many bytes they are."""
+
+    skim: ProduceRequestSkim
+    records_at: int
+    records: int
+
+
+def skim_produce_prefix(buf: bytes, pos: int, n: int, end: int,
+                        version: int) -> ProducePrefix | None:
+    """Skim the Produce request frame that starts at ``pos`` (just after its size prefix)
+    and ends at ``end``, of which the ``n`` bytes of ``buf`` hold the beginning: when all of
+    it up to its last partition's records is there (a large request's first read: one
+    topic and one partition, or more partitions whose records are all in that read), the
+    skim of the whole frame, what follows those records being tagged fields only (the
+    walk's ``produce_tail_walk``). None otherwise: the walks follow the frame."""
+    found = _skim_produce(buf, pos, n, end, version)
+    if found is None or found[1] < 0:
+        return None
+    return ProducePrefix(*found)
+
+
+def _skim_produce(buf: bytes, pos: int, avail: int, end: int,
+                  version: int) -> tuple[ProduceRequestSkim, int, int] | None:
+    """The skim of the frame in ``buf[pos:end]`` of which ``buf[:avail]`` has arrived, with
+    where its last partition's records start and their size when they run past ``avail``
+    (else -1, 0: the frame is all there)."""
     flexible = version >= 9
     try:
         pos += 8  # api_key, api_version, correlation_id
@@ -103,7 +137,7 @@ def skim_produce_request(buf: bytes, pos: int, end: int,
         if n_topics < 0:
             return None
         topics: list[tuple[bytes, int, list[tuple[int, int]]]] = []
-        for _ in range(n_topics):
+        for t in range(n_topics):
             if version >= 13:
                 name = bytes(buf[pos:pos + 16])
                 pos += 16
@@ -114,7 +148,7 @@ def skim_produce_request(buf: bytes, pos: int, end: int,
             if n_parts < 0:
                 return None
             parts = []
-            for _ in range(n_parts):
+            for p in range(n_parts):
                 index = INT32.unpack_from(buf, pos)[0]
                 if flexible:
                     size, pos = read_uvarint(buf, pos + 4)
@@ -123,9 +157,15 @@ def skim_produce_request(buf: bytes, pos: int, end: int,
                     size = INT32.unpack_from(buf, pos + 4)[0]
                     pos += 8
                 if size > 0:
+                    if pos + size > avail:
+                        # (read whole: past the frame's end. Arriving: only the frame's
+                        # last records may still be on their way)
+                        if pos + size > end or p < n_parts - 1 or t < n_topics - 1:
+                            return None
+                        parts.append((index, size))
+                        topics.append((name, at, parts))
+                        return ProduceRequestSkim(transactional_id, topics), pos, size
                     pos += size
-                    if pos > end:
-                        return None
                 parts.append((index, size))
                 if flexible:
                     pos = skip_tagged_fields(buf, pos)
@@ -136,9 +176,9 @@ def skim_produce_request(buf: bytes, pos: int, end: int,
             pos = skip_tagged_fields(buf, pos)
     except (IndexError, ValueError, struct.error):
         return None
-    if pos > end:
+    if pos > end or avail < end:
         return None
-    return ProduceRequestSkim(transactional_id, topics)
+    return ProduceRequestSkim(transactional_id, topics), -1, 0
 
 
 def produce_response_layout(buf: bytes | memoryview, pos: int, version: int) -> Layout:

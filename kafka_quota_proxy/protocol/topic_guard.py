@@ -27,6 +27,7 @@ from kafka_quota_proxy.protocol.decoded import response_body
 from kafka_quota_proxy.protocol.errors import MalformedFrame
 from kafka_quota_proxy.protocol.headers import parse_response_header
 from kafka_quota_proxy.protocol.incremental import (
+    Walk,
     Walker,
     _array_count,
     _int,
@@ -141,9 +142,11 @@ class ProduceTopics:
         except ValueError:
             self.failed = True
 
-    def skimmed(self, skim: ProduceRequestSkim) -> None:
+    def skimmed(self, skim: ProduceRequestSkim, tail: Walk | None = None) -> None:
         """The whole frame, skimmed (``skim_produce_request``): what feeding it would find,
-        without the walk. Only before any ``feed``."""
+        without the walk. Only before any ``feed``. ``tail``: the frame's last records are
+        still arriving (``skim_produce_prefix``): this walk follows it from their start,
+        where ``feed`` goes on."""
         assert self._walker is None
         topics = self._topics
         every = False
@@ -151,7 +154,7 @@ class ProduceTopics:
                 skim.transactional_id):
             every = True
             self.error_code = TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-        self._walker = _DONE
+        self._walker = _DONE if tail is None else Walker(tail)
         by_id = self._version >= 13
         for raw, at, parts in skim.topics:
             if not raw:

@@ -17,8 +17,12 @@ from kio.index import load_request_schema
 
 from kafka_quota_proxy.protocol.correlation import CorrelationTable
 from kafka_quota_proxy.protocol.headers import encode_request_header
-from kafka_quota_proxy.protocol.incremental import Walker, produce_request_walk
-from kafka_quota_proxy.protocol.skim import skim_produce_request
+from kafka_quota_proxy.protocol.incremental import (
+    Walker,
+    produce_request_walk,
+    produce_tail_walk,
+)
+from kafka_quota_proxy.protocol.skim import skim_produce_prefix, skim_produce_request
 from kafka_quota_proxy.protocol.topic_fields import encode
 from kafka_quota_proxy.protocol.topic_guard import ProduceTopics
 from testkit.frames import frame
@@ -82,6 +86,32 @@ def _skimmed(buf: bytes, end: int, version: int) -> tuple[Any, Any] | None:
     guard.skimmed(skim)
     assert guard.done
     return measured, None if guard.failed else (guard.refused, guard.spoil, guard.error_code)
+
+
+def _prefixed(buf: bytes, n: int, end: int, version: int) -> tuple[Any, Any] | None:
+    """What the followers find in ``buf[4:end]`` when only ``buf[:n]`` had arrived at its
+    start: the prefix skimmed, then only the tail walked from its last records on (None
+    where the prefix cannot be skimmed: the walks follow the frame)."""
+    prefix = skim_produce_prefix(buf[:n], 4, n, end, version)
+    if prefix is None:
+        return None
+    assert prefix.records_at <= n < prefix.records_at + prefix.records
+    flexible = version >= 9
+    measured: Any = [(name if version >= 13 else name.decode("utf-8", "replace"), index,
+                      max(size, 0)) for name, _, parts in prefix.skim.topics
+                     for index, size in parts]
+    walker = Walker(produce_tail_walk(prefix.records, flexible))
+    try:
+        walker.feed(buf, prefix.records_at, end)
+        measured = measured if walker.done else None
+    except ValueError:
+        measured = None
+    guard = ProduceTopics(version, Refusing())
+    guard.skimmed(prefix.skim, produce_tail_walk(prefix.records, flexible))
+    guard.feed(buf, prefix.records_at, end)
+    found = (None if guard.failed or not guard.done
+             else (guard.refused, guard.spoil, guard.error_code))
+    return measured, found
 
 
 def _topics(version: int) -> Any:
@@ -162,3 +192,79 @@ def test_a_refused_name_that_is_not_utf8_fails_the_frame_as_the_walk_does(versio
     stream.feed(bytes(buf))
     [(_, watch)] = stream.watched
     assert watch.failed
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_a_frame_skimmed_before_its_last_records_arrive_finds_what_the_walks_find(
+        version: int, data: Any) -> None:
+    """A large request's first read holds all of it but its last partition's records: the
+    prefix is skimmed and only the tail walked, finding what the walks find; a read that
+    ends elsewhere (before that, or with records of another partition still to come) is left
+    to the walks."""
+    topics = data.draw(_topics(version))
+    last = data.draw(st.binary(min_size=2, max_size=300))
+    topics.append((data.draw(_topics(version).map(lambda t: t[0][0] if t else "orders")
+                             if version < 13 else st.just(REFUSED_ID)), [last]))
+    txn = data.draw(st.sampled_from([None, "", "a-txn", REFUSED_TXN]))
+    buf = _produce(version, topics, txn)
+    tail = 3 if version >= 9 else 0
+    inside = len(buf) - tail - 1  # (a cut inside the last records)
+    prefixed = _prefixed(buf, inside, len(buf), version)
+    assert prefixed is not None
+    assert prefixed == _walked(buf, len(buf), version)
+    n = data.draw(st.integers(4, len(buf) - 1))
+    prefixed = _prefixed(buf, n, len(buf), version)
+    if prefixed is not None:
+        assert prefixed == _walked(buf, len(buf), version)
+    elif len(buf) - tail - len(last) < n <= inside:
+        raise AssertionError(f"a cut at {n}, inside the last records, was not skimmed")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_a_damaged_frame_skimmed_before_its_end_is_skimmed_as_walked_or_left_to_the_walks(
+        version: int, data: Any) -> None:
+    """Bytes changed by a hostile client, the frame cut at any read: the prefix skim and its
+    tail walk give what the walks give, or leave the frame to them."""
+    topics = data.draw(_topics(version))
+    topics.append(("orders" if version < 13 else uuid.UUID(int=5),
+                   [data.draw(st.binary(min_size=2, max_size=300))]))
+    buf = bytearray(_produce(version, topics, data.draw(st.sampled_from([None, "t"]))))
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(4, len(buf) - 1))
+        buf[at] = data.draw(st.sampled_from([0x00, 0x01, 0x7F, 0x80, 0xFF, buf[at] ^ 0x40]))
+    end = data.draw(st.integers(5, len(buf)))
+    n = data.draw(st.integers(4, end - 1))
+    prefixed = _prefixed(bytes(buf), n, end, version)
+    if prefixed is not None:
+        assert prefixed == _walked(bytes(buf[:end]), end, version)
+
+
+@pytest.mark.parametrize("version", [7, 9, 13])
+def test_a_large_request_is_skimmed_at_its_first_read_and_only_its_tail_walked(
+        version: int) -> None:
+    """Through the request stream, a librdkafka-sized request to a refused topic in reads of
+    16 KiB: its first read is skimmed, and the guard walks only what follows its records;
+    what goes upstream, what is measured and what is refused are what one read finds."""
+    topic = REFUSED_NAME if version < 13 else REFUSED_ID
+    original = _produce(version, [(topic, [b"r" * 200_000])])
+    results = []
+    for piece in (len(original), 16384):
+        stream = reading_stream(CorrelationTable(), measure_produce=True,
+                                watch_produce=lambda v: ProduceTopics(v, Refusing()))
+        forward = b"".join(bytes(stream.feed(original[i:i + piece])[0])
+                           for i in range(0, len(original), piece))
+        [(_, watch)] = stream.watched
+        if piece < len(original):
+            assert watch.walker._gen.gi_code.co_name == "produce_tail_walk"
+        results.append((forward, [e.partitions for e in stream.measured],
+                        watch.refused, watch.failed))
+    assert results[0] == results[1]
+    forward, measured, refused, failed = results[0]
+    assert not failed and measured == [[(topic if version < 13 else topic.bytes, 1, 200_000)]]
+    assert refused == [(REFUSED_NAME, None, [1])] if version < 13 else [(None, REFUSED_ID, [1])]
+    spoiled = REFUSED_NAME.encode() if version < 13 else REFUSED_ID.bytes
+    assert spoiled not in forward and len(forward) == len(original)
