@@ -253,6 +253,8 @@ def test_a_flood_of_cheap_requests_is_held_to_its_request_quota(
     print(f"\nflood: {len(flood)} requests, {len(throttled)} throttled; {share:.2f}% of a "
           f"thread over whole cycles for a quota of {FLOOD_QUOTA}% (unthrottled at first: "
           f"{free_share:.1f}%); mean charge {mean_ms:.3f} ms; replay {matched}/{total}")
-    assert free_share > 3 * FLOOD_QUOTA  # the flood would take more than its quota
+    # the flood would take more than its quota (twice it at least: a loaded CI run's flooder
+    # reached 5.6 % of a thread in its first half second, 2.8 times its quota of 2 %)
+    assert free_share > 2 * FLOOD_QUOTA
     assert abs(share - FLOOD_QUOTA) <= 0.1 * FLOOD_QUOTA, share
     assert matched == total
