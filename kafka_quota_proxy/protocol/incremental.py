@@ -170,7 +170,6 @@ def produce_request_walk(version: int, parts: PartitionBytes) -> Walk:
         yield from _skip_tagged_fields()
 
 
-
 def produce_tail_walk(records: int, flexible: bool) -> Walk:
     """What a Produce request walk (``produce_request_walk``, the topic guard's) does from
     the start of the frame's last partition's records to the frame's end: past the records,
@@ -182,6 +181,7 @@ def produce_tail_walk(records: int, flexible: bool) -> Walk:
         yield from _skip_tagged_fields()  # the partition's
         yield from _skip_tagged_fields()  # the topic's
         yield from _skip_tagged_fields()  # the request's
+
 
 class Walker:
     """Drives a walk over chunks; ``feed`` says how far the walk consumed a chunk."""

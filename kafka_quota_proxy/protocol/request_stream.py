@@ -433,6 +433,7 @@ class RequestStream:
             return
         measure = self._measure and api_version >= 3
         skim = prefix = None
+        flexible = api_version >= 9
         if measure or self._watch is not None:
             # one straight pass for every follower (None: the walks decide): read whole, or
             # all but its last records (a large request's first read), then only its tail
@@ -454,8 +455,7 @@ class RequestStream:
                     self._events.append(ProduceMeasured(entry))
                 else:  # (measured, as a walk, once the frame has passed whole)
                     self._measuring = (
-                        entry, Walker(produce_tail_walk(prefix.records, api_version >= 9)),
-                        partitions)
+                        entry, Walker(produce_tail_walk(prefix.records, flexible)), partitions)
                     self._measure_more(data, limit, prefix.records_at, more)
             else:
                 parts: PartitionBytes = []
@@ -466,7 +466,7 @@ class RequestStream:
             watch = self._watch(api_version)
             self._watch_start = pos + 4
             if prefix is not None:
-                watch.skimmed(prefix.skim, produce_tail_walk(prefix.records, api_version >= 9))
+                watch.skimmed(prefix.skim, produce_tail_walk(prefix.records, flexible))
                 self._watching = (entry, watch)
                 self._watch_more(data, limit, prefix.records_at, more)
             elif skim is not None:
