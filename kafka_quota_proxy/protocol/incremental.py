@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Generator
 
+from kafka_quota_proxy.protocol.primitives import skip_tagged_fields
+
 Walk = Generator[int, bytes | None, None]
 
 
@@ -170,17 +172,79 @@ def produce_request_walk(version: int, parts: PartitionBytes) -> Walk:
         yield from _skip_tagged_fields()
 
 
-def produce_tail_walk(records: int, flexible: bool) -> Walk:
-    """What a Produce request walk (``produce_request_walk``, the topic guard's) does from
-    the start of the frame's last partition's records to the frame's end: past the records,
-    then the partition's, the topic's and the request's tagged fields (flexible versions).
-    A frame skimmed before all of it arrived (``skim.skim_produce_prefix``) is followed from
-    there by this walk alone."""
-    yield from _skip(records)
-    if flexible:
-        yield from _skip_tagged_fields()  # the partition's
-        yield from _skip_tagged_fields()  # the topic's
-        yield from _skip_tagged_fields()  # the request's
+class ProduceTail:
+    """A Produce request frame followed from the start of its last partition's records to its
+    end, as a ``Walker`` follows a walk, without one: past the records (``skippable``), then,
+    in flexible versions, the partition's, the topic's and the request's tagged fields, read
+    straight once all of them are in. A frame skimmed before all of it arrived
+    (``skim.skim_produce_prefix``) is followed from there by this alone. It finds what the
+    Produce walks (``produce_request_walk``, the topic guard's) find over the same bytes:
+    ``done`` once the three sections are read (bytes after them are not looked at), a
+    ``ValueError`` for a varint longer than 5 bytes, and not done while sections claim more
+    bytes than ``tail`` (what the frame has after the records) gives them. Only when: the
+    walk may tell a section's error, or that it is done, before the frame's last byte;
+    this tells them once the frame's ``tail`` bytes are all in, at its end."""
+
+    __slots__ = ("_bytes", "_flexible", "_records", "_tail", "at", "done")
+
+    def __init__(self, records: int, tail: int, flexible: bool) -> None:
+        self._records = records
+        self._tail = tail if flexible else 0
+        self._flexible = flexible
+        self._bytes = b""
+        self.at = 0
+        self.done = False
+        if not records:
+            self._read(b"", 0, 0)
+
+    @property
+    def skippable(self) -> int:
+        """The records still to pass: ``feed`` may be given that many without their bytes."""
+        return self._records
+
+    def passed(self, n: int) -> None:
+        """``n`` bytes (at most ``skippable``) went by unseen."""
+        self.feed(b"", 0, n)
+
+    def feed(self, buf: bytes | memoryview, start: int, end: int) -> int:
+        """Consume ``buf[start:end]`` as far as the tail goes; return the offset reached."""
+        if self.done:
+            return start
+        i = start
+        records = self._records
+        if records:
+            k = records if records < end - i else end - i
+            i += k
+            self._records = records = records - k
+            if records:
+                return i
+        return self._read(buf, i, end)
+
+    def _read(self, buf: bytes | memoryview, i: int, end: int) -> int:
+        if not self._flexible:
+            self.done = True
+            self.at = i
+            return i
+        want = self._tail - len(self._bytes)
+        k = want if want < end - i else end - i
+        if k > 0:
+            self._bytes += bytes(buf[i : i + k])
+            i += k
+        if len(self._bytes) < self._tail:
+            return i
+        tail = self._bytes
+        try:
+            pos = skip_tagged_fields(tail, 0)  # the partition's
+            if pos <= len(tail):
+                pos = skip_tagged_fields(tail, pos)  # the topic's
+            if pos <= len(tail):
+                pos = skip_tagged_fields(tail, pos)  # the request's
+        except IndexError:  # (sections cut short by the frame's end: a walk not done)
+            return i
+        if pos <= len(tail):
+            self.done = True
+            self.at = i
+        return i
 
 
 class Walker:

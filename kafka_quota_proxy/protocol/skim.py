@@ -110,7 +110,7 @@ def skim_produce_prefix(buf: bytes, pos: int, n: int, end: int,
     it up to its last partition's records is there (a large request's first read: one
     topic and one partition, or more partitions whose records are all in that read), the
     skim of the whole frame, what follows those records being tagged fields only (the
-    walk's ``produce_tail_walk``). None otherwise: the walks follow the frame."""
+    stream's ``incremental.ProduceTail``). None otherwise: the walks follow the frame."""
     found = _skim_produce(buf, pos, n, end, version)
     if found is None or found[1] < 0:
         return None

@@ -27,7 +27,7 @@ from kafka_quota_proxy.protocol.decoded import response_body
 from kafka_quota_proxy.protocol.errors import MalformedFrame
 from kafka_quota_proxy.protocol.headers import parse_response_header
 from kafka_quota_proxy.protocol.incremental import (
-    Walk,
+    ProduceTail,
     Walker,
     _array_count,
     _int,
@@ -126,10 +126,11 @@ class ProduceTopics:
         self.error_code = TOPIC_AUTHORIZATION_FAILED
         self._version = version
         self._topics = topics
-        self._walker: Walker | None = None  # (made at the first ``feed``: see ``skimmed``)
+        # (made at the first ``feed``: see ``skimmed``)
+        self._walker: Walker | ProduceTail | None = None
 
     @property
-    def walker(self) -> Walker:
+    def walker(self) -> Walker | ProduceTail:
         if self._walker is None:
             self._walker = Walker(self._walk(self._version, self._topics))
         return self._walker
@@ -142,11 +143,11 @@ class ProduceTopics:
         except ValueError:
             self.failed = True
 
-    def skimmed(self, skim: ProduceRequestSkim, tail: Walk | None = None) -> None:
+    def skimmed(self, skim: ProduceRequestSkim, tail: ProduceTail | None = None) -> None:
         """The whole frame, skimmed (``skim_produce_request``): what feeding it would find,
         without the walk. Only before any ``feed``. ``tail``: the frame's last records are
-        still arriving (``skim_produce_prefix``): this walk follows it from their start,
-        where ``feed`` goes on."""
+        still arriving (``skim_produce_prefix``): this follows it from their start, where
+        ``feed`` goes on."""
         assert self._walker is None
         topics = self._topics
         every = False
@@ -154,7 +155,7 @@ class ProduceTopics:
                 skim.transactional_id):
             every = True
             self.error_code = TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-        self._walker = _DONE if tail is None else Walker(tail)
+        self._walker = _DONE if tail is None else tail
         by_id = self._version >= 13
         for raw, at, parts in skim.topics:
             if not raw:
