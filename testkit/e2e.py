@@ -181,7 +181,9 @@ logging:
         ) as r:
             text = r.read().decode()
         values: dict[str, float] = {}
-        for line in text.splitlines():
+        # (lines end at "\n" alone: a label value may hold any other character, a client-id's
+        # \x1c or \u2028 too, which ``splitlines`` would split on)
+        for line in text.split("\n"):
             if line and not line.startswith("#"):
                 name, _, value = line.rpartition(" ")
                 values[name] = float(value)

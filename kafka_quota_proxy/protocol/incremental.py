@@ -247,6 +247,78 @@ class ProduceTail:
         return i
 
 
+def _fetch_tail_sections() -> Walk:
+    yield from _skip_tagged_fields()  # the partition's
+    yield from _skip_tagged_fields()  # the topic's
+
+
+class FetchTail:
+    """A Fetch response followed from the start of its last partition's records, as a
+    ``Walker`` follows ``fetch_response_walk``, without one: past the records
+    (``skippable``), then, in flexible versions, the partition's and the topic's tagged
+    fields, read straight when both are in what is fed (else walked), up to the top-level
+    tagged fields, where it is ``done`` (``feed`` returns their offset). A response skimmed
+    at its first read (``skim.skim_fetch_prefix``) is followed from there by this alone."""
+
+    __slots__ = ("_flexible", "_records", "_walker", "at", "done")
+
+    def __init__(self, records: int, flexible: bool) -> None:
+        self._records = records
+        self._flexible = flexible
+        self._walker: Walker | None = None
+        self.at = 0
+        self.done = not records and not flexible  # (nothing left to walk)
+
+    @property
+    def skippable(self) -> int:
+        """How many of the next bytes may go by unseen (``passed``)."""
+        if self.done:
+            return 0
+        walker = self._walker
+        return self._records if walker is None else walker.skippable
+
+    def passed(self, n: int) -> None:
+        """``n`` bytes (at most ``skippable``) went by unseen."""
+        self.feed(b"", 0, n)
+
+    def feed(self, buf: bytes | memoryview, start: int, end: int) -> int:
+        """Consume ``buf[start:end]`` as far as the tail goes; return the offset reached
+        (``end`` unless it reached the top-level tagged fields inside the range)."""
+        if self.done:
+            return start
+        walker = self._walker
+        if walker is not None:
+            i = walker.feed(buf, start, end)
+            self.done = walker.done
+            self.at = walker.at
+            return i
+        i = start
+        records = self._records
+        if records:
+            k = records if records < end - i else end - i
+            i += k
+            self._records = records = records - k
+            if records:
+                return i
+        if not self._flexible:
+            self.done = True
+            self.at = i
+            return i
+        view = memoryview(buf)[i:end]
+        try:
+            pos = skip_tagged_fields(view, 0)  # the partition's
+            if pos <= len(view):
+                pos = skip_tagged_fields(view, pos)  # the topic's
+        except IndexError:  # (not all there yet)
+            pos = len(view) + 1
+        if pos <= len(view):
+            self.done = True
+            self.at = i + pos
+            return self.at
+        self._walker = walker = Walker(_fetch_tail_sections())
+        return self.feed(buf, i, end)
+
+
 class Walker:
     """Drives a walk over chunks; ``feed`` says how far the walk consumed a chunk."""
 

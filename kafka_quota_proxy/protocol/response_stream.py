@@ -11,9 +11,15 @@ from kafka_quota_proxy.protocol import apis
 from kafka_quota_proxy.protocol.correlation import CorrelationTable, InFlight
 from kafka_quota_proxy.protocol.errors import MalformedFrame
 from kafka_quota_proxy.protocol.framing import DEFAULT_MAX_FRAME_BYTES, NOTHING, Buffer, check_size
-from kafka_quota_proxy.protocol.incremental import PartitionBytes, Walker, fetch_response_walk
+from kafka_quota_proxy.protocol.incremental import (
+    FetchTail,
+    PartitionBytes,
+    Walker,
+    fetch_response_walk,
+)
 from kafka_quota_proxy.protocol.interests import ADDRESSES, InterestTable
 from kafka_quota_proxy.protocol.primitives import INT32
+from kafka_quota_proxy.protocol.skim import skim_fetch_prefix
 
 _FETCH = int(apis.ApiKey.FETCH)
 _new_tuple = tuple.__new__
@@ -123,7 +129,7 @@ class ResponseStream:
         self._modes.update(dict.fromkeys(interests.response_tails, _TAIL))
         self._measure = interests.fetch_partitions
         self._announce = announce
-        self._walker: Walker | None = None
+        self._walker: Walker | FetchTail | None = None
         self._hold_tail = False  # the streamed frame's top-level tagged fields are rewritten
         self._tail: list[bytes] = []
         self._max = max_frame_bytes
@@ -374,14 +380,24 @@ class ResponseStream:
         out = self._out
         hold_tail = mode == _TAIL
         if mode != _WHOLE:
-            # The size prefix goes now; the body streams while the walker follows it.
-            out.append(mv[self._run_start : pos + 4])
-            parts: PartitionBytes | None = [] if self._measure else None
-            entry.partitions = parts
-            self._walker = Walker(fetch_response_walk(entry.api_version, parts))
+            # The size prefix goes now; the body streams while the walker follows it: from
+            # its last partition's records on when all before them is in (skimmed), else
+            # from its start.
+            avail = end if end < n else n
+            prefix = skim_fetch_prefix(mv, pos + 4, avail, entry.api_version)
+            if prefix is not None:
+                start = prefix.records_at
+                entry.partitions = prefix.parts if self._measure else None
+                self._walker = FetchTail(prefix.records, entry.api_version >= 12)
+            else:
+                start = pos + 4
+                parts: PartitionBytes | None = [] if self._measure else None
+                entry.partitions = parts
+                self._walker = Walker(fetch_response_walk(entry.api_version, parts))
+            out.append(mv[self._run_start : start])
             self._hold_tail = hold_tail
             self._current = entry
-            self._stream(mv, pos + 4, min(end, n), out)
+            self._stream(mv, start, avail, out)
             if end <= n:
                 self._done.append(self._finish_stream(out))
                 self._pos = self._run_start = end

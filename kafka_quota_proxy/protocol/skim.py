@@ -181,6 +181,85 @@ def _skim_produce(buf: bytes, pos: int, avail: int, end: int,
     return ProduceRequestSkim(transactional_id, topics), -1, 0
 
 
+@dataclass(frozen=True, slots=True)
+class FetchPrefix:
+    """A Fetch response skimmed up to its last partition's records (``skim_fetch_prefix``):
+    every partition's ``(topic name or 16-byte topic id, partition, bytes of records)``, as
+    ``incremental.fetch_response_walk`` lists them, and where in the buffer those last
+    records start and how many bytes they are."""
+
+    parts: list[tuple[str | bytes, int, int]]
+    records_at: int
+    records: int
+
+
+def skim_fetch_prefix(buf: memoryview, pos: int, avail: int,
+                      version: int) -> FetchPrefix | None:
+    """Skim the Fetch response frame that starts at ``pos`` (just after its size prefix,
+    response header included), of which ``buf[:avail]`` has arrived, up to the start of its
+    last partition's records, when all of that is there (a response's first read: one
+    partition, or more whose records all came before). What is left is those records and,
+    in flexible versions, the partition's and the topic's tagged fields (followed by
+    ``incremental.FetchTail``). None otherwise (no topic, a last topic with no partition, a
+    null array, a field that does not parse or is not there yet): the walk follows the
+    frame."""
+    flexible = version >= 12
+    buf = buf[:avail]  # (nothing past what has arrived, or past the frame, is read)
+    # error_code, high_watermark[, last_stable_offset][, log_start_offset]
+    fixed = 14 + (8 if version >= 4 else 0) + (8 if version >= 5 else 0)  # (index too)
+    parts: list[tuple[str | bytes, int, int]] = []
+    try:
+        pos += 4  # correlation id
+        if flexible:
+            pos = skip_tagged_fields(buf, pos)  # response header
+        if version >= 1:
+            pos += 4  # throttle_time_ms
+        if version >= 7:
+            pos += 6  # error_code, session_id
+        n_topics, pos = _array_len(buf, pos, flexible)
+        for t in range(n_topics):
+            topic: str | bytes
+            if version >= 13:
+                topic = bytes(buf[pos:pos + 16])
+                pos += 16
+            else:
+                size, pos = _string_size(buf, pos, flexible)
+                topic = str(buf[pos:pos + size], "utf-8", "replace") if size > 0 else ""
+                pos += max(size, 0)
+            n_parts, pos = _array_len(buf, pos, flexible)
+            if n_parts < 0 or (n_parts == 0 and t == n_topics - 1):
+                return None
+            for p in range(n_parts):
+                index = INT32.unpack_from(buf, pos)[0]
+                pos += fixed
+                if version >= 4:
+                    n_aborted, pos = _array_len(buf, pos, flexible)
+                    for _ in range(n_aborted):
+                        pos += 16  # producer_id, first_offset
+                        if flexible:
+                            pos = skip_tagged_fields(buf, pos)
+                if version >= 11:
+                    pos += 4  # preferred_read_replica
+                if flexible:
+                    size, pos = read_uvarint(buf, pos)
+                    size -= 1
+                else:
+                    size = INT32.unpack_from(buf, pos)[0]
+                    pos += 4
+                size = max(size, 0)
+                parts.append((topic, index, size))
+                if p == n_parts - 1 and t == n_topics - 1:
+                    return FetchPrefix(parts, pos, size)  # (pos <= avail: its size was read)
+                pos += size
+                if flexible:
+                    pos = skip_tagged_fields(buf, pos)
+            if flexible:
+                pos = skip_tagged_fields(buf, pos)
+    except (IndexError, ValueError, struct.error):
+        return None
+    return None
+
+
 def produce_response_layout(buf: bytes | memoryview, pos: int, version: int) -> Layout:
     """Walk a ProduceResponse body (after the response header)."""
     flexible = version >= 9

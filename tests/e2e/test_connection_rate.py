@@ -342,8 +342,12 @@ def test_connection_rates_through_real_clients(
     since = more[0].connected - eight_start
     assert since < 9.0, f"{since:.1f} s after the first burst: its samples are ageing out"
     answered = served(more)
-    assert answered == list(range(len(answered))) and 20 <= len(answered) <= 24, answered
-    assert all(o.received == 0 and o.closed is not None for o in more[len(answered):])
+    # the first 20 at once; the rest as W (10 s + the time since the sensor's start) allows:
+    # a burst slowed by a loaded machine may see one more let through after some throttled
+    # (a CI run: 0-21 and 24), as Kafka's rate does
+    assert answered[:20] == list(range(20)) and 20 <= len(answered) <= 24, answered
+    unanswered = [o for i, o in enumerate(more) if i not in answered]
+    assert all(o.received == 0 and o.closed is not None for o in unanswered)
     report.append(f"198.51.100.8 raised to 4/s by AlterClientQuotas {since:.1f} s after its "
                   f"first burst: {len(answered)} more of 30 answered")
 
