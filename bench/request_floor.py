@@ -9,8 +9,8 @@ through a middle process. The middle's user + system CPU per GB of requests
 
 - ``relay``: blocking sockets, no event loop, ~20 Python calls per request. A request's
   first 16 KiB are read and written on as the proxy reads them, the rest of its frame is
-  spliced socket -> pipe -> socket, its response read whole and written back: the proxy's
-  system calls (3 reads, 3 writes, 2 splices per request), with no parsing.
+  spliced socket -> pipe -> socket, its response read whole and written back: about the
+  proxy's system calls (a few reads and writes, 2 splices per request), with no parsing.
 - ``relay+stream``: the same, with the proxy's own request stream
   (``protocol.request_stream.RequestStream``, the capture's measure and the topic guard
   following Produce frames) reading what it reads in the proxy: the first read, then what

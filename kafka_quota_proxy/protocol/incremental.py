@@ -172,102 +172,29 @@ def produce_request_walk(version: int, parts: PartitionBytes) -> Walk:
         yield from _skip_tagged_fields()
 
 
-class ProduceTail:
-    """A Produce request frame followed from the start of its last partition's records to its
-    end, as a ``Walker`` follows a walk, without one: past the records (``skippable``), then,
-    in flexible versions, the partition's, the topic's and the request's tagged fields, read
-    straight once all of them are in. A frame skimmed before all of it arrived
-    (``skim.skim_produce_prefix``) is followed from there by this alone. It finds what the
-    Produce walks (``produce_request_walk``, the topic guard's) find over the same bytes:
-    ``done`` once the three sections are read (bytes after them are not looked at), a
-    ``ValueError`` for a varint longer than 5 bytes, and not done while sections claim more
-    bytes than ``tail`` (what the frame has after the records) gives them. Only when: the
-    walk may tell a section's error, or that it is done, before the frame's last byte;
-    this tells them once the frame's ``tail`` bytes are all in, at its end."""
+def _sections(n: int) -> Walk:
+    for _ in range(n):
+        yield from _skip_tagged_fields()
 
-    __slots__ = ("_bytes", "_flexible", "_records", "_tail", "at", "done")
 
-    def __init__(self, records: int, tail: int, flexible: bool) -> None:
+class RecordsTail:
+    """A frame followed from the start of its last partition's records on, as a ``Walker``
+    follows the frame's walk from there, without one: past the records (``skippable``), then
+    ``sections`` tagged-field sections, read straight when all of them are in what is fed
+    (else walked: a section may be large, and is then skipped as it passes, never held), to
+    where the walk ends (``done``; ``feed`` returns that offset, bytes after it unread).
+    A frame skimmed at its first read (``skim.skim_produce_prefix``,
+    ``skim.skim_fetch_prefix``) is followed from there by this alone: ``produce_tail``,
+    ``fetch_tail``."""
+
+    __slots__ = ("_records", "_sections", "_walker", "at", "done")
+
+    def __init__(self, records: int, sections: int) -> None:
         self._records = records
-        self._tail = tail if flexible else 0
-        self._flexible = flexible
-        self._bytes = b""
-        self.at = 0
-        self.done = False
-        if not records:
-            self._read(b"", 0, 0)
-
-    @property
-    def skippable(self) -> int:
-        """The records still to pass: ``feed`` may be given that many without their bytes."""
-        return self._records
-
-    def passed(self, n: int) -> None:
-        """``n`` bytes (at most ``skippable``) went by unseen."""
-        self.feed(b"", 0, n)
-
-    def feed(self, buf: bytes | memoryview, start: int, end: int) -> int:
-        """Consume ``buf[start:end]`` as far as the tail goes; return the offset reached."""
-        if self.done:
-            return start
-        i = start
-        records = self._records
-        if records:
-            k = records if records < end - i else end - i
-            i += k
-            self._records = records = records - k
-            if records:
-                return i
-        return self._read(buf, i, end)
-
-    def _read(self, buf: bytes | memoryview, i: int, end: int) -> int:
-        if not self._flexible:
-            self.done = True
-            self.at = i
-            return i
-        want = self._tail - len(self._bytes)
-        k = want if want < end - i else end - i
-        if k > 0:
-            self._bytes += bytes(buf[i : i + k])
-            i += k
-        if len(self._bytes) < self._tail:
-            return i
-        tail = self._bytes
-        try:
-            pos = skip_tagged_fields(tail, 0)  # the partition's
-            if pos <= len(tail):
-                pos = skip_tagged_fields(tail, pos)  # the topic's
-            if pos <= len(tail):
-                pos = skip_tagged_fields(tail, pos)  # the request's
-        except IndexError:  # (sections cut short by the frame's end: a walk not done)
-            return i
-        if pos <= len(tail):
-            self.done = True
-            self.at = i
-        return i
-
-
-def _fetch_tail_sections() -> Walk:
-    yield from _skip_tagged_fields()  # the partition's
-    yield from _skip_tagged_fields()  # the topic's
-
-
-class FetchTail:
-    """A Fetch response followed from the start of its last partition's records, as a
-    ``Walker`` follows ``fetch_response_walk``, without one: past the records
-    (``skippable``), then, in flexible versions, the partition's and the topic's tagged
-    fields, read straight when both are in what is fed (else walked), up to the top-level
-    tagged fields, where it is ``done`` (``feed`` returns their offset). A response skimmed
-    at its first read (``skim.skim_fetch_prefix``) is followed from there by this alone."""
-
-    __slots__ = ("_flexible", "_records", "_walker", "at", "done")
-
-    def __init__(self, records: int, flexible: bool) -> None:
-        self._records = records
-        self._flexible = flexible
+        self._sections = sections
         self._walker: Walker | None = None
         self.at = 0
-        self.done = not records and not flexible  # (nothing left to walk)
+        self.done = not records and not sections  # (nothing left to walk)
 
     @property
     def skippable(self) -> int:
@@ -283,7 +210,7 @@ class FetchTail:
 
     def feed(self, buf: bytes | memoryview, start: int, end: int) -> int:
         """Consume ``buf[start:end]`` as far as the tail goes; return the offset reached
-        (``end`` unless it reached the top-level tagged fields inside the range)."""
+        (``end`` unless the walk ends inside the range)."""
         if self.done:
             return start
         walker = self._walker
@@ -300,23 +227,39 @@ class FetchTail:
             self._records = records = records - k
             if records:
                 return i
-        if not self._flexible:
+        if not self._sections:
             self.done = True
             self.at = i
             return i
+        if i == end:  # (the records passed, nothing of the sections yet: read them straight)
+            return i
         view = memoryview(buf)[i:end]
+        pos = 0
         try:
-            pos = skip_tagged_fields(view, 0)  # the partition's
-            if pos <= len(view):
-                pos = skip_tagged_fields(view, pos)  # the topic's
+            for _ in range(self._sections):
+                pos = skip_tagged_fields(view, pos)
+                if pos > len(view):
+                    break
         except IndexError:  # (not all there yet)
             pos = len(view) + 1
         if pos <= len(view):
             self.done = True
             self.at = i + pos
             return self.at
-        self._walker = walker = Walker(_fetch_tail_sections())
+        self._walker = Walker(_sections(self._sections))
         return self.feed(buf, i, end)
+
+
+def produce_tail(records: int, flexible: bool) -> RecordsTail:
+    """A Produce request's (``produce_request_walk``'s, the topic guard's) from its last
+    partition's records on: the partition's, the topic's and the request's tagged fields."""
+    return RecordsTail(records, 3 if flexible else 0)
+
+
+def fetch_tail(records: int, flexible: bool) -> RecordsTail:
+    """A Fetch response's (``fetch_response_walk``'s) from its last partition's records on:
+    the partition's and the topic's tagged fields, up to the top-level ones."""
+    return RecordsTail(records, 2 if flexible else 0)
 
 
 class Walker:

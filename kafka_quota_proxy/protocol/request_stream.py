@@ -25,16 +25,13 @@ from kafka_quota_proxy.protocol.headers import (
 )
 from kafka_quota_proxy.protocol.incremental import (
     PartitionBytes,
-    ProduceTail,
+    RecordsTail,
     Walker,
     produce_request_walk,
+    produce_tail,
 )
 from kafka_quota_proxy.protocol.primitives import INT32
-from kafka_quota_proxy.protocol.skim import (
-    ProducePrefix,
-    skim_produce_prefix,
-    skim_produce_request,
-)
+from kafka_quota_proxy.protocol.skim import skim_produce_prefix, skim_produce_request
 from kafka_quota_proxy.protocol.topic_guard import SPOILED
 
 # The most a legal request header (plus Produce's transactional_id and acks) can take: two
@@ -161,7 +158,7 @@ class RequestStream:
         # their entry's ``partitions`` set when they end (``ProduceMeasured``).
         self._measure = measure_produce
         # (entry, the walk so far: None once it failed, partitions so far)
-        self._measuring: tuple[InFlight, Walker | ProduceTail | None, PartitionBytes] | None = None
+        self._measuring: tuple[InFlight, Walker | RecordsTail | None, PartitionBytes] | None = None
         # ``watch_produce(api_version)``: a watch (``protocol.topic_guard.ProduceTopics``) that
         # follows each Produce frame as it passes; the bytes it asks to spoil are changed
         # before they are forwarded. ``ProduceWatched`` when the frame ended naming a topic
@@ -457,7 +454,8 @@ class RequestStream:
                     entry.partitions = partitions
                     self._events.append(ProduceMeasured(entry))
                 else:  # (measured, as a walk, once the frame has passed whole)
-                    self._measuring = (entry, _tail(prefix, end, api_version), partitions)
+                    tail = produce_tail(prefix.records, api_version >= 9)
+                    self._measuring = (entry, tail, partitions)
                     self._measure_more(data, limit, prefix.records_at, more)
             else:
                 parts: PartitionBytes = []
@@ -468,7 +466,7 @@ class RequestStream:
             watch = self._watch(api_version)
             self._watch_start = pos + 4
             if prefix is not None:
-                watch.skimmed(prefix.skim, _tail(prefix, end, api_version))
+                watch.skimmed(prefix.skim, produce_tail(prefix.records, api_version >= 9))
                 self._watching = (entry, watch)
                 self._watch_more(data, limit, prefix.records_at, more)
             elif skim is not None:
@@ -598,10 +596,3 @@ class RequestStream:
         if not self._remaining:
             self._copying = None
             self._events.append(FrameCopied(entry, b"".join(parts), -1))
-
-
-def _tail(prefix: ProducePrefix, end: int, version: int) -> ProduceTail:
-    """The follower of a Produce frame skimmed at its first read, from its last records on
-    to ``end`` (the frame's end in the same buffer)."""
-    records_end = prefix.records_at + prefix.records
-    return ProduceTail(prefix.records, end - records_end, version >= 9)

@@ -12,10 +12,11 @@ from kafka_quota_proxy.protocol.correlation import CorrelationTable, InFlight
 from kafka_quota_proxy.protocol.errors import MalformedFrame
 from kafka_quota_proxy.protocol.framing import DEFAULT_MAX_FRAME_BYTES, NOTHING, Buffer, check_size
 from kafka_quota_proxy.protocol.incremental import (
-    FetchTail,
     PartitionBytes,
+    RecordsTail,
     Walker,
     fetch_response_walk,
+    fetch_tail,
 )
 from kafka_quota_proxy.protocol.interests import ADDRESSES, InterestTable
 from kafka_quota_proxy.protocol.primitives import INT32
@@ -129,7 +130,7 @@ class ResponseStream:
         self._modes.update(dict.fromkeys(interests.response_tails, _TAIL))
         self._measure = interests.fetch_partitions
         self._announce = announce
-        self._walker: Walker | FetchTail | None = None
+        self._walker: Walker | RecordsTail | None = None
         self._hold_tail = False  # the streamed frame's top-level tagged fields are rewritten
         self._tail: list[bytes] = []
         self._max = max_frame_bytes
@@ -388,7 +389,7 @@ class ResponseStream:
             if prefix is not None:
                 start = prefix.records_at
                 entry.partitions = prefix.parts if self._measure else None
-                self._walker = FetchTail(prefix.records, entry.api_version >= 12)
+                self._walker = fetch_tail(prefix.records, entry.api_version >= 12)
             else:
                 start = pos + 4
                 parts: PartitionBytes | None = [] if self._measure else None

@@ -110,7 +110,7 @@ def skim_produce_prefix(buf: bytes, pos: int, n: int, end: int,
     it up to its last partition's records is there (a large request's first read: one
     topic and one partition, or more partitions whose records are all in that read), the
     skim of the whole frame, what follows those records being tagged fields only (the
-    stream's ``incremental.ProduceTail``). None otherwise: the walks follow the frame."""
+    stream's ``incremental.produce_tail``). None otherwise: the walks follow the frame."""
     found = _skim_produce(buf, pos, n, end, version)
     if found is None or found[1] < 0:
         return None
@@ -200,7 +200,7 @@ def skim_fetch_prefix(buf: memoryview, pos: int, avail: int,
     last partition's records, when all of that is there (a response's first read: one
     partition, or more whose records all came before). What is left is those records and,
     in flexible versions, the partition's and the topic's tagged fields (followed by
-    ``incremental.FetchTail``). None otherwise (no topic, a last topic with no partition, a
+    ``incremental.fetch_tail``). None otherwise (no topic, a last topic with no partition, a
     null array, a field that does not parse or is not there yet): the walk follows the
     frame."""
     flexible = version >= 12

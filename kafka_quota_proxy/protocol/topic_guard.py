@@ -27,7 +27,7 @@ from kafka_quota_proxy.protocol.decoded import response_body
 from kafka_quota_proxy.protocol.errors import MalformedFrame
 from kafka_quota_proxy.protocol.headers import parse_response_header
 from kafka_quota_proxy.protocol.incremental import (
-    ProduceTail,
+    RecordsTail,
     Walker,
     _array_count,
     _int,
@@ -127,10 +127,10 @@ class ProduceTopics:
         self._version = version
         self._topics = topics
         # (made at the first ``feed``: see ``skimmed``)
-        self._walker: Walker | ProduceTail | None = None
+        self._walker: Walker | RecordsTail | None = None
 
     @property
-    def walker(self) -> Walker | ProduceTail:
+    def walker(self) -> Walker | RecordsTail:
         if self._walker is None:
             self._walker = Walker(self._walk(self._version, self._topics))
         return self._walker
@@ -143,7 +143,7 @@ class ProduceTopics:
         except ValueError:
             self.failed = True
 
-    def skimmed(self, skim: ProduceRequestSkim, tail: ProduceTail | None = None) -> None:
+    def skimmed(self, skim: ProduceRequestSkim, tail: RecordsTail | None = None) -> None:
         """The whole frame, skimmed (``skim_produce_request``): what feeding it would find,
         without the walk. Only before any ``feed``. ``tail``: the frame's last records are
         still arriving (``skim_produce_prefix``): this follows it from their start, where

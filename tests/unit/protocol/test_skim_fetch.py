@@ -1,5 +1,5 @@
 """A Fetch response whose first read holds all of it up to its last partition's records is
-skimmed there (``skim_fetch_prefix``) and only the rest followed (``FetchTail``), instead of
+skimmed there (``skim_fetch_prefix``) and only the rest followed (``fetch_tail``), instead of
 being walked field by field (``fetch_response_walk``): what they find is what the walk finds
 (the partitions measured, where the top-level tagged fields start, a frame that does not
 parse), for every version, any first read and any damage a broker's bytes may carry. Where
@@ -19,13 +19,14 @@ from kio.schema.errors import ErrorCode
 from kafka_quota_proxy.protocol import apis
 from kafka_quota_proxy.protocol.correlation import CorrelationTable, InFlight
 from kafka_quota_proxy.protocol.incremental import (
-    FetchTail,
     PartitionBytes,
+    RecordsTail,
     Walk,
     Walker,
     _skip,
     _skip_tagged_fields,
     fetch_response_walk,
+    fetch_tail,
 )
 from kafka_quota_proxy.protocol.interests import Interest, InterestTable, addresses
 from kafka_quota_proxy.protocol.primitives import INT32, write_uvarint
@@ -59,7 +60,7 @@ def _skimmed(frame: bytes, n: int, version: int) -> Found | None:
     if prefix is None:
         return None
     assert prefix.records_at <= n
-    tail = FetchTail(prefix.records, version >= 12)
+    tail = fetch_tail(prefix.records, version >= 12)
     try:
         upto = tail.feed(frame, prefix.records_at, len(frame))
     except ValueError:
@@ -122,7 +123,7 @@ def test_the_skim_reads_nothing_past_the_first_read() -> None:
 
 def fetch_tail_walk(records: int, flexible: bool) -> Walk:
     """What ``fetch_response_walk`` does from the start of the last partition's records on:
-    the reference ``FetchTail`` is held to."""
+    the reference ``fetch_tail`` is held to."""
     yield from _skip(records)
     if flexible:
         yield from _skip_tagged_fields()  # the partition's
@@ -154,7 +155,7 @@ def _sections(data: Any) -> bytes:
 @settings(max_examples=300, deadline=None)
 @given(data=st.data())
 def test_the_tail_follower_stops_where_the_walk_stops(data: Any) -> None:
-    """``FetchTail`` against the walk's own steps over the same bytes, records passed
+    """``fetch_tail`` against the walk's own steps over the same bytes, records passed
     unseen or fed, in any pieces: the same offsets reached by every feed, done at the same
     place, or both failing."""
     flexible = data.draw(st.booleans())
@@ -164,7 +165,7 @@ def test_the_tail_follower_stops_where_the_walk_stops(data: Any) -> None:
     pieces = list(zip([0, *cuts], [*cuts, len(buf)], strict=True))
     results = []
     for follower in (Walker(fetch_tail_walk(records, flexible)),
-                     FetchTail(records, flexible)):
+                     fetch_tail(records, flexible)):
         reached: list[int | str] = []
         try:
             for start, end in pieces:
@@ -241,8 +242,10 @@ def test_a_large_response_is_skimmed_at_its_first_read_and_only_its_tail_followe
     body = _one_partition(version, b"r" * 200_000)
     frame = INT32.pack(len(body)) + body
     topic: str | bytes = uuid.UUID(int=9).bytes if version >= 13 else "t"
-    for read, follows in ((16384, FetchTail), (20, Walker)):
+    for read, follows in ((16384, RecordsTail), (20, Walker)):
         out, entry, follower = _through_stream(version, frame, read)
         assert isinstance(follower, follows)
+        if follows is RecordsTail:
+            assert follower._walker is None  # (its sections read straight, not walked)
         assert out == frame
         assert entry.partitions == [(topic, 3, 200_000)]

@@ -18,12 +18,13 @@ from kio.index import load_request_schema
 from kafka_quota_proxy.protocol.correlation import CorrelationTable
 from kafka_quota_proxy.protocol.headers import encode_request_header
 from kafka_quota_proxy.protocol.incremental import (
-    ProduceTail,
+    RecordsTail,
     Walk,
     Walker,
     _skip,
     _skip_tagged_fields,
     produce_request_walk,
+    produce_tail,
 )
 from kafka_quota_proxy.protocol.skim import skim_produce_prefix, skim_produce_request
 from kafka_quota_proxy.protocol.topic_fields import encode
@@ -52,7 +53,7 @@ class Refusing:
 
 def produce_tail_walk(records: int, flexible: bool) -> Walk:
     """What a Produce walk (``produce_request_walk``, the topic guard's) does from the start
-    of a frame's last partition's records on: the reference ``ProduceTail`` is held to."""
+    of a frame's last partition's records on: the reference ``produce_tail`` is held to."""
     yield from _skip(records)
     if flexible:
         yield from _skip_tagged_fields()  # the partition's
@@ -110,18 +111,17 @@ def _prefixed(buf: bytes, n: int, end: int, version: int) -> tuple[Any, Any] | N
         return None
     assert prefix.records_at <= n < prefix.records_at + prefix.records
     flexible = version >= 9
-    tail = end - prefix.records_at - prefix.records
     measured: Any = [(name if version >= 13 else name.decode("utf-8", "replace"), index,
                       max(size, 0)) for name, _, parts in prefix.skim.topics
                      for index, size in parts]
-    walker = ProduceTail(prefix.records, tail, flexible)
+    walker = produce_tail(prefix.records, flexible)
     try:
         walker.feed(buf, prefix.records_at, end)
         measured = measured if walker.done else None
     except ValueError:
         measured = None
     guard = ProduceTopics(version, Refusing())
-    guard.skimmed(prefix.skim, ProduceTail(prefix.records, tail, flexible))
+    guard.skimmed(prefix.skim, produce_tail(prefix.records, flexible))
     guard.feed(buf, prefix.records_at, end)
     found = (None if guard.failed or not guard.done
              else (guard.refused, guard.spoil, guard.error_code))
@@ -273,7 +273,8 @@ def test_a_large_request_is_skimmed_at_its_first_read_and_only_its_tail_walked(
                            for i in range(0, len(original), piece))
         [(_, watch)] = stream.watched
         if piece < len(original):
-            assert isinstance(watch.walker, ProduceTail)
+            assert isinstance(watch.walker, RecordsTail)
+            assert watch.walker._walker is None  # (its sections read straight, not walked)
         results.append((forward, [e.partitions for e in stream.measured],
                         watch.refused, watch.failed))
     assert results[0] == results[1]
@@ -282,6 +283,47 @@ def test_a_large_request_is_skimmed_at_its_first_read_and_only_its_tail_walked(
     assert refused == [(REFUSED_NAME, None, [1])] if version < 13 else [(None, REFUSED_ID, [1])]
     spoiled = REFUSED_NAME.encode() if version < 13 else REFUSED_ID.bytes
     assert spoiled not in forward and len(forward) == len(original)
+
+
+def test_a_large_tagged_field_after_the_records_is_passed_not_held() -> None:
+    """A client may put a large tagged field after its records (the partition's section):
+    the followers of a request skimmed at its first read skip it as it passes, as the walk
+    does (the stream lets it go by unread), and hold none of it; the request is measured
+    and forwarded whole."""
+    from kafka_quota_proxy.protocol.primitives import write_uvarint
+    from kafka_quota_proxy.protocol.request_stream import RequestStream
+
+    version = 9
+    plain = _produce(version, [("orders", [b"r" * 200_000])])
+    assert plain.endswith(b"\x00\x00\x00")  # the partition's, topic's, request's sections
+    big = write_uvarint(1) + write_uvarint(99) + write_uvarint(300_000) + b"t" * 300_000
+    body = plain[4:-3] + big + b"\x00\x00"
+    original = len(body).to_bytes(4, "big") + body
+    table = CorrelationTable()
+    stream = RequestStream(table, measure_produce=True,
+                           watch_produce=lambda v: ProduceTopics(v, Refusing()))
+    fed = passed = 0
+    forward = []
+    measured = []
+    i = 0
+    while i < len(original):
+        k = stream.passable()
+        if k:
+            stream.passed(k)
+            forward.append(original[i:i + k])
+            passed += k
+            i += k
+            continue
+        chunk = original[i:i + 16384]
+        out, events = stream.feed(chunk)
+        forward.append(bytes(out))
+        measured += [e.entry.partitions for e in events if type(e).__name__ == "ProduceMeasured"]
+        fed += len(chunk)
+        i += len(chunk)
+    assert b"".join(forward) == original
+    assert measured == [[("orders", 1, 200_000)]]
+    # the records and the field went by unread, but for the reads that began each
+    assert passed > 500_000 - 3 * 16384 and fed <= 4 * 16384, (passed, fed)
 
 
 def _tagged_sections(data: Any) -> bytes:
@@ -313,7 +355,7 @@ def _tagged_sections(data: Any) -> bytes:
 @settings(max_examples=300, deadline=None)
 @given(data=st.data())
 def test_the_tail_follower_finds_what_the_tail_walk_finds(data: Any) -> None:
-    """``ProduceTail`` against the walks' own steps (``produce_tail_walk``) over the same
+    """``produce_tail`` against the walks' own steps (``produce_tail_walk``) over the same
     bytes, records passed unseen or fed, in any pieces: at the frame's end both are done,
     or neither, or both fail."""
     flexible = data.draw(st.booleans())
@@ -324,7 +366,7 @@ def test_the_tail_follower_finds_what_the_tail_walk_finds(data: Any) -> None:
     pieces = list(zip([0, *cuts], [*cuts, len(buf)], strict=True))
     results = []
     for follower in (Walker(produce_tail_walk(records, flexible)),
-                     ProduceTail(records, len(tail), flexible)):
+                     produce_tail(records, flexible)):
         try:
             for start, end in pieces:
                 while start < end and follower.skippable:
