@@ -300,3 +300,47 @@ def create_topics_request(topics: list[tuple[str, int]], version: int = 7,
         mod.CreatableTopic(name=n, num_partitions=p, replication_factor=1, assignments=(),
                            configs=()) for n, p in topics),
         timeout=datetime.timedelta(seconds=5), validate_only=validate_only)
+
+
+def damaged_tagged_sections(draw: Callable[[st.SearchStrategy[Any]], Any]) -> bytes:
+    """Three tagged-field sections as they may follow a frame's last records: well-formed,
+    or cut, a byte or two short, padded, random, or with a varint too long."""
+    from kafka_quota_proxy.protocol.primitives import write_uvarint
+
+    out = b""
+    for _ in range(3):
+        fields = draw(st.lists(st.tuples(st.integers(0, 300), st.binary(max_size=40)),
+                               max_size=2))
+        out += write_uvarint(len(fields)) + b"".join(
+            write_uvarint(tag) + write_uvarint(len(value)) + value for tag, value in fields)
+    damage = draw(st.sampled_from(["none", "cut", "short", "pad", "random", "long varint"]))
+    if damage == "cut":
+        out = out[:draw(st.integers(0, len(out)))]
+    elif damage == "short":  # (the last section's last value a byte or two short)
+        out = out[:len(out) - draw(st.integers(1, 2))]
+    elif damage == "pad":
+        out += draw(st.binary(min_size=1, max_size=8))
+    elif damage == "random":
+        out = draw(st.binary(max_size=12))
+    elif damage == "long varint":
+        out = out[:draw(st.integers(0, len(out)))] + b"\xff" * 6
+    return out
+
+
+def follow_in_pieces(follower: Any, buf: bytes,
+                     pieces: list[tuple[int, int]]) -> tuple[list[int | str], bool]:
+    """Feed ``buf`` to a walk's follower (a ``Walker`` or a ``RecordsTail``) piece by piece,
+    what it may skip passed unseen: the offsets each feed reached ("failed" last on a
+    ``ValueError``), and whether it is done."""
+    reached: list[int | str] = []
+    try:
+        for start, end in pieces:
+            while start < end and follower.skippable:
+                k = min(follower.skippable, end - start)
+                follower.passed(k)
+                start += k
+            if start < end and not follower.done:
+                reached.append(follower.feed(buf, start, end))
+    except ValueError:
+        reached.append("failed")
+    return reached, follower.done

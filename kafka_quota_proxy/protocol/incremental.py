@@ -187,13 +187,12 @@ class RecordsTail:
     ``skim.skim_fetch_prefix``) is followed from there by this alone: ``produce_tail``,
     ``fetch_tail``."""
 
-    __slots__ = ("_records", "_sections", "_walker", "at", "done")
+    __slots__ = ("_records", "_sections", "_walker", "done")
 
     def __init__(self, records: int, sections: int) -> None:
         self._records = records
         self._sections = sections
         self._walker: Walker | None = None
-        self.at = 0
         self.done = not records and not sections  # (nothing left to walk)
 
     @property
@@ -217,7 +216,6 @@ class RecordsTail:
         if walker is not None:
             i = walker.feed(buf, start, end)
             self.done = walker.done
-            self.at = walker.at
             return i
         i = start
         records = self._records
@@ -229,7 +227,6 @@ class RecordsTail:
                 return i
         if not self._sections:
             self.done = True
-            self.at = i
             return i
         if i == end:  # (the records passed, nothing of the sections yet: read them straight)
             return i
@@ -244,8 +241,7 @@ class RecordsTail:
             pos = len(view) + 1
         if pos <= len(view):
             self.done = True
-            self.at = i + pos
-            return self.at
+            return i + pos
         self._walker = Walker(_sections(self._sections))
         return self.feed(buf, i, end)
 

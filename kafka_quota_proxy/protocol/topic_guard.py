@@ -172,6 +172,12 @@ class ProduceTopics:
                     return
                 self.refused.append((name, None, [p for p, _ in parts]))
 
+    def _walked_to(self) -> int:
+        """Where the bytes the walk (``_walk``, which alone calls this) last received end."""
+        walker = self._walker
+        assert isinstance(walker, Walker)
+        return walker.at
+
     @property
     def done(self) -> bool:
         return self.walker.done
@@ -200,7 +206,7 @@ class ProduceTopics:
                 assert raw is not None
                 if every or topics.refuses_id(raw):
                     found = []
-                    self.spoil.append(self.walker.at - 1)
+                    self.spoil.append(self._walked_to() - 1)
                     self.refused.append((None, uuid.UUID(bytes=bytes(raw)), found))
             else:
                 size = (yield from _uvarint()) - 1 if flexible else (yield from _int(2))
@@ -209,7 +215,7 @@ class ProduceTopics:
                     assert raw is not None
                     if every or topics.refuses_name(raw):
                         found = []
-                        self.spoil.append(self.walker.at - 1)
+                        self.spoil.append(self._walked_to() - 1)
                         self.refused.append((raw.decode(), None, found))
             n_parts = yield from _array_count(flexible)
             for _ in range(max(n_parts, 0)):

@@ -29,10 +29,18 @@ from kafka_quota_proxy.protocol.incremental import (
     fetch_tail,
 )
 from kafka_quota_proxy.protocol.interests import Interest, InterestTable, addresses
-from kafka_quota_proxy.protocol.primitives import INT32, write_uvarint
+from kafka_quota_proxy.protocol.primitives import INT32
 from kafka_quota_proxy.protocol.response_stream import ResponseStarted, ResponseStream
 from kafka_quota_proxy.protocol.skim import skim_fetch_prefix
-from testkit.frames import kio_encode, kio_values, ms, response_class, response_frame
+from testkit.frames import (
+    damaged_tagged_sections,
+    follow_in_pieces,
+    kio_encode,
+    kio_values,
+    ms,
+    response_class,
+    response_frame,
+)
 
 FETCH = 1
 LOW, HIGH = apis.kio_version_range(FETCH)
@@ -130,28 +138,6 @@ def fetch_tail_walk(records: int, flexible: bool) -> Walk:
         yield from _skip_tagged_fields()  # the topic's
 
 
-def _sections(data: Any) -> bytes:
-    out = b""
-    for _ in range(3):  # the partition's, the topic's and the top-level ones
-        fields = data.draw(st.lists(st.tuples(st.integers(0, 300), st.binary(max_size=40)),
-                                    max_size=2))
-        out += write_uvarint(len(fields)) + b"".join(
-            write_uvarint(tag) + write_uvarint(len(value)) + value for tag, value in fields)
-    damage = data.draw(st.sampled_from(["none", "cut", "short", "pad", "random",
-                                        "long varint"]))
-    if damage == "cut":
-        out = out[:data.draw(st.integers(0, len(out)))]
-    elif damage == "short":
-        out = out[:len(out) - data.draw(st.integers(1, 2))]
-    elif damage == "pad":
-        out += data.draw(st.binary(min_size=1, max_size=8))
-    elif damage == "random":
-        out = data.draw(st.binary(max_size=12))
-    elif damage == "long varint":
-        out = out[:data.draw(st.integers(0, len(out)))] + b"\xff" * 6
-    return out
-
-
 @settings(max_examples=300, deadline=None)
 @given(data=st.data())
 def test_the_tail_follower_stops_where_the_walk_stops(data: Any) -> None:
@@ -160,24 +146,12 @@ def test_the_tail_follower_stops_where_the_walk_stops(data: Any) -> None:
     place, or both failing."""
     flexible = data.draw(st.booleans())
     records = data.draw(st.integers(0, 50))
-    buf = b"r" * records + _sections(data)
+    buf = b"r" * records + damaged_tagged_sections(data.draw)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(buf)), max_size=4)))
     pieces = list(zip([0, *cuts], [*cuts, len(buf)], strict=True))
-    results = []
-    for follower in (Walker(fetch_tail_walk(records, flexible)),
-                     fetch_tail(records, flexible)):
-        reached: list[int | str] = []
-        try:
-            for start, end in pieces:
-                while start < end and follower.skippable:
-                    k = min(follower.skippable, end - start)
-                    follower.passed(k)
-                    start += k
-                if start < end and not follower.done:
-                    reached.append(follower.feed(buf, start, end))
-        except ValueError:
-            reached.append("failed")
-        results.append((reached, follower.done))
+    results = [follow_in_pieces(follower, buf, pieces)
+               for follower in (Walker(fetch_tail_walk(records, flexible)),
+                                fetch_tail(records, flexible))]
     assert results[0] == results[1]
 
 

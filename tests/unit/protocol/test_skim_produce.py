@@ -29,7 +29,7 @@ from kafka_quota_proxy.protocol.incremental import (
 from kafka_quota_proxy.protocol.skim import skim_produce_prefix, skim_produce_request
 from kafka_quota_proxy.protocol.topic_fields import encode
 from kafka_quota_proxy.protocol.topic_guard import ProduceTopics
-from testkit.frames import frame
+from testkit.frames import damaged_tagged_sections, follow_in_pieces, frame
 from testkit.request_reader import reading_stream
 
 VERSIONS = list(range(3, 14))
@@ -326,32 +326,6 @@ def test_a_large_tagged_field_after_the_records_is_passed_not_held() -> None:
     assert passed > 500_000 - 3 * 16384 and fed <= 4 * 16384, (passed, fed)
 
 
-def _tagged_sections(data: Any) -> bytes:
-    """Three tagged-field sections as a client may send them: well-formed, or cut, padded,
-    with sizes past the frame or varints too long."""
-    from kafka_quota_proxy.protocol.primitives import write_uvarint
-
-    out = b""
-    for _ in range(3):
-        fields = data.draw(st.lists(st.tuples(st.integers(0, 300), st.binary(max_size=40)),
-                                    max_size=2))
-        out += write_uvarint(len(fields)) + b"".join(
-            write_uvarint(tag) + write_uvarint(len(value)) + value for tag, value in fields)
-    damage = data.draw(st.sampled_from(["none", "cut", "short", "pad", "random",
-                                        "long varint"]))
-    if damage == "cut":
-        out = out[:data.draw(st.integers(0, len(out)))]
-    elif damage == "short":  # (the last section's last value a byte or two short)
-        out = out[:len(out) - data.draw(st.integers(1, 2))]
-    elif damage == "pad":
-        out += data.draw(st.binary(min_size=1, max_size=8))
-    elif damage == "random":
-        out = data.draw(st.binary(max_size=12))
-    elif damage == "long varint":
-        out = out[:data.draw(st.integers(0, len(out)))] + b"\xff" * 6
-    return out
-
-
 @settings(max_examples=300, deadline=None)
 @given(data=st.data())
 def test_the_tail_follower_finds_what_the_tail_walk_finds(data: Any) -> None:
@@ -360,22 +334,13 @@ def test_the_tail_follower_finds_what_the_tail_walk_finds(data: Any) -> None:
     or neither, or both fail."""
     flexible = data.draw(st.booleans())
     records = data.draw(st.integers(0, 50))
-    tail = _tagged_sections(data)  # (what follows the records: a classic frame has none)
-    buf = b"r" * records + tail
+    tail = damaged_tagged_sections(data.draw)  # (what follows the records: a classic frame
+    buf = b"r" * records + tail                  # has none)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(buf)), max_size=4)))
     pieces = list(zip([0, *cuts], [*cuts, len(buf)], strict=True))
     results = []
     for follower in (Walker(produce_tail_walk(records, flexible)),
                      produce_tail(records, flexible)):
-        try:
-            for start, end in pieces:
-                while start < end and follower.skippable:
-                    k = min(follower.skippable, end - start)
-                    follower.passed(k)
-                    start += k
-                if start < end:
-                    follower.feed(buf, start, end)
-            results.append(follower.done)
-        except ValueError:
-            results.append("failed")
+        reached, done = follow_in_pieces(follower, buf, pieces)
+        results.append("failed" if reached[-1:] == ["failed"] else done)
     assert results[0] == results[1]
