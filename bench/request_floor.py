@@ -15,7 +15,9 @@ through a middle process. The middle's user + system CPU per GB of requests
   (``protocol.request_stream.RequestStream``, the capture's measure and the topic guard
   following Produce frames) reading what it reads in the proxy: the first read, then what
   ``passable()`` leaves (the request's tail). The stream's own time per request is timed in
-  place and, after the rounds, in a warm loop over the same bytes.
+  place (by the clock, and by the thread's CPU clock: ``stream_in_place_cpu_us``) and,
+  after the rounds, in a warm loop over the same bytes (``bench/wake_cost.py`` says why
+  the two differ).
 - ``relay+calls`` (only when asked, ``--middles``): the relay calling ``--calls`` distinct
   one-line functions per request, to tell calls from what the stream does.
 - ``proxy``: ``kafka-quota-proxy`` with the test kit's default configuration.
@@ -109,6 +111,7 @@ class _Stream:
         self.stream = RequestStream(self.table, measure_produce=True,
                                     watch_produce=lambda v: ProduceTopics(v, _NothingRefused()))
         self.in_place: list[float] = []
+        self.in_place_cpu: list[float] = []
         self.last: tuple[bytes, bytes] = (b"", b"")
 
     def warm_us(self, repeat: int = 300) -> float:
@@ -184,11 +187,13 @@ def serve(mode: str, port: int, broker: str, stats: Path, calls: int) -> None:
                 _splice(cfd, pipe, ufd, frame - first)
             else:
                 head = bytes(view[:first])
+                c0 = time.thread_time()
                 t0 = time.perf_counter()
                 forward, _ = stream.stream.feed(head)
                 k = stream.stream.passable()
                 stream.stream.passed(k)
                 spent = time.perf_counter() - t0
+                cpu = time.thread_time() - c0
                 upstream.sendall(forward)
                 _splice(cfd, pipe, ufd, k)
                 rest = frame - first - k
@@ -196,11 +201,14 @@ def serve(mode: str, port: int, broker: str, stats: Path, calls: int) -> None:
                     raise RuntimeError(f"the stream left {rest} B of the frame to read")
                 _recv_exactly(client, view, rest)
                 tail = bytes(view[:rest])
+                c0 = time.thread_time()
                 t0 = time.perf_counter()
                 forward, _ = stream.stream.feed(tail)
                 spent += time.perf_counter() - t0
+                cpu += time.thread_time() - c0
                 upstream.sendall(forward)
                 stream.in_place.append(spent * 1e6)
+                stream.in_place_cpu.append(cpu * 1e6)
                 stream.last = (head, tail)
             x = 0
             for f in functions:
@@ -218,6 +226,7 @@ def serve(mode: str, port: int, broker: str, stats: Path, calls: int) -> None:
     doc: dict[str, Any] = {}
     if stream is not None and stream.in_place:
         doc = {"stream_in_place_us": statistics.median(stream.in_place),
+               "stream_in_place_cpu_us": statistics.median(stream.in_place_cpu),
                "stream_warm_us": stream.warm_us()}
     stats.write_text(json.dumps(doc))
 
