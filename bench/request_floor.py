@@ -45,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -244,21 +245,36 @@ def _pin(pid: int, cpu: int) -> None:
         os.sched_setaffinity(int(tid), {cpu})
 
 
-def drive(port: int, pid: int, frame: bytes, requests: int) -> dict[str, float]:
-    """Send ``requests`` copies of ``frame`` to ``port``, one in flight; the CPU of ``pid``."""
-    with socket.create_connection(("127.0.0.1", port)) as s:
+def drive(port: int, pid: int, frame: bytes, requests: int,
+          clients: int = 1) -> dict[str, float]:
+    """Send ``requests`` copies of ``frame`` to ``port`` from each of ``clients`` connections,
+    one in flight on each; the CPU of ``pid`` per GB of all of them."""
+    socks = [socket.create_connection(("127.0.0.1", port)) for _ in range(clients)]
+    for s in socks:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def one(s: socket.socket) -> None:
         head = bytearray(4)
-        u0, k0 = _cpu(pid)
-        t0 = time.monotonic()
         for _ in range(requests):
             s.sendall(frame)
             if s.recv_into(head, 4, socket.MSG_WAITALL) != 4:
                 raise EOFError("the middle closed the connection")
             s.recv(int.from_bytes(head, "big"), socket.MSG_WAITALL)
+
+    try:
+        u0, k0 = _cpu(pid)
+        t0 = time.monotonic()
+        if clients == 1:
+            one(socks[0])
+        else:
+            with ThreadPoolExecutor(clients) as pool:
+                list(pool.map(one, socks))
         seconds = time.monotonic() - t0
         u1, k1 = _cpu(pid)
-    gb = len(frame) * requests / 1e9
+    finally:
+        for s in socks:
+            s.close()
+    gb = len(frame) * requests * clients / 1e9
     return {"user": (u1 - u0) / gb, "sys": (k1 - k0) / gb, "cpu": (u1 - u0 + k1 - k0) / gb,
             "mb_s": gb * 1000 / seconds}
 
@@ -271,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--middles", default=",".join(MIDDLES))
     parser.add_argument("--calls", type=int, default=400, help="of relay+calls, per request")
+    parser.add_argument("--clients", type=int, default=1,
+                        help="connections at once, one request in flight on each (proxies only)")
     parser.add_argument("--pin", action="store_true")
     parser.add_argument("--keep-awake", action="store_true")
     parser.add_argument("--serve", nargs=4, metavar=("MODE", "PORT", "BROKER", "STATS"),
@@ -333,7 +351,8 @@ def main(argv: list[str] | None = None) -> int:
                     assert relay.stdout is not None
                     relay.stdout.readline()
                     pid = relay.pid
-                row = drive(port, pid, frame, args.requests)
+                row = drive(port, pid, frame, args.requests,
+                            args.clients if name in proxies else 1)
                 if relay is not None:
                     relay.wait(30)
                     row.update(json.loads(stats.read_text()))
