@@ -28,7 +28,8 @@ through a middle process. The middle's user + system CPU per GB of requests
 (implies ``--pin``) also runs a spinner under ``SCHED_IDLE`` on CPU 1, which takes only the
 time nothing else wants, so that CPU never idles between requests.
 
-    python bench/request_floor.py [--requests 1000] [--rounds 3] [--pin] [--keep-awake]
+    python bench/request_floor.py [--requests 1000] [--rounds 3] [--clients 1] [--pin]
+                                   [--keep-awake]
 
 Needs the test extra (aiokafka builds the record batch): ``make .venv/.installed-test``.
 """
