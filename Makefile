@@ -30,8 +30,8 @@ PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
 
 # The layers in order, fastest first: the unit tests on two workers (pytest-xdist; CPU-bound,
 # the machine's two cores), the Spark jobs, then the end-to-end tests on four workers (they
-# mostly wait: on quotas, brokers, windows; on three the run used 1.1 of the two cores and took
-# 678-692 s, on four 611 s), a module per worker at a time (tests/conftest.py
+# mostly wait: on quotas, brokers, windows; on three a whole CI run used 1.1 of the two cores
+# and they took 678-692 s, on four 604-611 s), a module per worker at a time (tests/conftest.py
 # starts the longest first). The Spark standalone cluster's test (a master and two workers,
 # mostly starting JVMs) runs beside the end-to-end tests. Every layer runs even when one
 # before fails.

@@ -116,18 +116,21 @@ class _Stream:
         self.in_place_cpu: list[float] = []
         self.last: tuple[bytes, bytes] = (b"", b"")
 
+    def once(self) -> None:
+        """The stream over the last request's bytes once, as the proxy reads them."""
+        head, tail = self.last
+        self.stream.feed(head)
+        self.stream.passed(self.stream.passable())
+        self.stream.feed(tail)
+        self.table.pop(int.from_bytes(head[8:12], "big"))
+
     def warm_us(self, repeat: int = 300) -> float:
         """The stream's time per request over the last request's bytes, in a tight loop."""
-        head, tail = self.last
         runs = []
         for _ in range(5):
             t0 = time.perf_counter()
             for _ in range(repeat):
-                self.stream.feed(head)
-                k = self.stream.passable()
-                self.stream.passed(k)
-                self.stream.feed(tail)
-                self.table.pop(int.from_bytes(head[8:12], "big"))
+                self.once()
             runs.append((time.perf_counter() - t0) / repeat * 1e6)
         return statistics.median(runs)
 
@@ -246,6 +249,15 @@ def _pin(pid: int, cpu: int) -> None:
         os.sched_setaffinity(int(tid), {cpu})
 
 
+def start_spinner(cpu: int, idle: bool = True) -> subprocess.Popen[bytes]:
+    """A process spinning on ``cpu``, under ``SCHED_IDLE`` if ``idle`` (it then takes only the
+    time nothing else wants: the CPU never idles); kill it when done."""
+    return subprocess.Popen([sys.executable, "-c", (
+        f"import os; os.sched_setaffinity(0, {{{cpu}}})\n"
+        + ("os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n" if idle else "")
+        + "while True: pass")])
+
+
 def drive(port: int, pid: int, frame: bytes, requests: int,
           clients: int = 1) -> dict[str, float]:
     """Send ``requests`` copies of ``frame`` to ``port`` from each of ``clients`` connections,
@@ -311,11 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--middles: unknown {', '.join(sorted(unknown))}")
     workdir = Path(tempfile.mkdtemp(prefix="request-floor-"))
-    spinner = None
-    if args.keep_awake:
-        spinner = subprocess.Popen([sys.executable, "-c", (
-            "import os; os.sched_setaffinity(0, {1}); "
-            "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\nwhile True: pass")])
+    spinner = start_spinner(1) if args.keep_awake else None
     broker = TansuBroker().start()
     proxies: dict[str, ProxyProcess] = {}
     try:

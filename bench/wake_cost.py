@@ -14,7 +14,8 @@ why, in one process, with no sockets and no other process on the CPU:
 each timed by the thread's own CPU clock (``time.thread_time``: time this thread ran, not
 time it waited), warm (back to back) and after ``time.sleep`` of 1 ms and 5 ms. With
 ``--spinner idle`` a ``SCHED_IDLE`` process spins on the same CPU so that it never idles while
-the measured process sleeps; ``--spinner normal``, a spinner of normal priority.
+the measured process sleeps; ``--spinner normal``, a spinner of normal priority (with either,
+the measured process runs on that CPU too).
 
 ``--compiled`` runs the same measures a second time on a copy of the package whose request
 path (``COMPILED``: the stream, its followers and skims, framing, headers, correlation, the
@@ -69,15 +70,9 @@ def _stream() -> Callable[[], None]:
     s.stream.passed(k)
     tail = frame[FIRST_READ + 4 + k:]
     s.stream.feed(tail)
-    correlation = int.from_bytes(head[8:12], "big")
-    s.table.pop(correlation)
-
-    def work() -> None:
-        s.stream.feed(head)
-        s.stream.passed(s.stream.passable())
-        s.stream.feed(tail)
-        s.table.pop(correlation)
-    return work
+    s.table.pop(int.from_bytes(head[8:12], "big"))
+    s.last = (head, tail)
+    return s.once
 
 
 def measure() -> dict[str, dict[str, float]]:
@@ -137,11 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     spinner = None
     cpu = 1 if args.spinner != "none" else None
     if cpu is not None:
-        spinner = subprocess.Popen([sys.executable, "-c", (
-            f"import os; os.sched_setaffinity(0, {{{cpu}}})\n"
-            + ("os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
-               if args.spinner == "idle" else "")
-            + "while True: pass")])
+        sys.path.insert(0, str(ROOT / "bench"))
+        from request_floor import start_spinner
+        spinner = start_spinner(cpu, idle=args.spinner == "idle")
     trees: dict[str, Path | None] = {"interpreted": None}
     with tempfile.TemporaryDirectory(prefix="wake-cost-") as tmp:
         try:
